@@ -1,0 +1,303 @@
+"""The archive: every exchange recorded in SQLite by one background writer, off the request path.
+
+Messages are content-addressed and parent-linked (id = hash of parent id + message bytes), so each
+distinct message is stored once however often a growing conversation is resent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import queue
+import re
+import sqlite3
+import threading
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+from sqlite_utils import Database
+
+from proxy import migrations
+from proxy.sse import assemble
+
+log = logging.getLogger("ctxproxy.archive")
+
+BATCH_MAX = 256
+_SEEN_LIMIT = 500_000
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+@dataclass
+class ExchangeRecord:
+    """Everything known about one upstream call, handed to the writer as-is (cheap to build)."""
+
+    id: str
+    created_at: str
+    session_id: str
+    session_source: str
+    tenant: str
+    policy: str
+    route: str
+    model: str | None
+    stream: bool
+    request_messages: list[Any]
+    params: dict[str, Any]
+    forwarded_messages: list[Any] | None = None  # None: forwarded unchanged
+    status: int = 0
+    latency_ms: float = 0.0
+    upstream_ms: float = 0.0
+    tokens_before: int | None = None
+    tokens_after: int | None = None
+    gate: str = "pass"
+    response_body: bytes | None = None
+    response_chunks: list[bytes] = field(default_factory=list)
+    error: str | None = None
+
+
+def open_database(path: Path) -> Database:
+    """Open (creating 0600 if needed) the archive with WAL and the current schema."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    os.close(fd)
+    os.chmod(path, 0o600)
+    conn = sqlite3.connect(str(path), check_same_thread=False, timeout=30)
+    db = Database(conn)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    migrations.apply(db)
+    return db
+
+
+def message_id(parent_id: str, body: bytes) -> str:
+    return hashlib.sha256(parent_id.encode() + b"\0" + body).hexdigest()[:32]
+
+
+def searchable_text(message: Any) -> str:
+    if not isinstance(message, dict):
+        return str(message)
+    parts: list[str] = []
+    content = message.get("content")
+    if isinstance(content, str):
+        parts.append(content)
+    elif isinstance(content, list):
+        parts.extend(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    for call in message.get("tool_calls") or ():
+        function = (call.get("function") or {}) if isinstance(call, dict) else {}
+        parts.append(f"{function.get('name', '')}({function.get('arguments', '')})")
+    return "\n".join(parts)
+
+
+class ArchiveWriter:
+    """Single writer thread; `submit` never blocks the caller, `close` flushes everything queued."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._seen: set[str] = set()
+        self._db = open_database(path)
+        self._thread = threading.Thread(target=self._run, name="ctxproxy-archive", daemon=True)
+        self._thread.start()
+
+    def submit(self, record: ExchangeRecord) -> None:
+        self._queue.put(record)
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Block until everything submitted so far is committed (for shutdown, the CLI and tests)."""
+        done = threading.Event()
+        self._queue.put(done)
+        return done.wait(timeout)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=60)
+        self._db.close()
+
+    def _run(self) -> None:
+        while True:
+            batch = [self._queue.get()]
+            while len(batch) < BATCH_MAX:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            records = [item for item in batch if isinstance(item, ExchangeRecord)]
+            if records:
+                try:
+                    with self._db.atomic():
+                        for record in records:
+                            self._write(record)
+                except Exception:  # never let one bad record kill the writer
+                    log.exception("archive: failed to write %d exchange(s)", len(records))
+            for item in batch:
+                if isinstance(item, threading.Event):
+                    item.set()
+            if any(item is None for item in batch):
+                return
+
+    def _store_chain(self, messages: list[Any], record: ExchangeRecord) -> str:
+        parent = f"tenant:{record.tenant}"
+        rows = []
+        for message in messages:
+            body = orjson.dumps(message)
+            node = message_id(parent, body)
+            if node not in self._seen:
+                rows.append({
+                    "id": node, "parent_id": parent, "tenant": record.tenant,
+                    "session_id": record.session_id,
+                    "role": message.get("role") if isinstance(message, dict) else None,
+                    "text": searchable_text(message), "body": body.decode(), "created_at": record.created_at,
+                })
+                self._remember(node)
+            parent = node
+        if rows:
+            self._db["messages"].insert_all(rows, ignore=True)
+        return parent
+
+    def _remember(self, node: str) -> None:
+        if len(self._seen) >= _SEEN_LIMIT:
+            self._seen.clear()
+        self._seen.add(node)
+
+    def _write(self, record: ExchangeRecord) -> None:
+        request_leaf = self._store_chain(record.request_messages, record)
+        forwarded_leaf = request_leaf
+        if record.forwarded_messages is not None:
+            forwarded_leaf = self._store_chain(record.forwarded_messages, record)
+        row: dict[str, Any] = {
+            "id": record.id, "created_at": record.created_at, "session_id": record.session_id,
+            "session_source": record.session_source, "tenant": record.tenant, "policy": record.policy,
+            "route": record.route, "model": record.model, "stream": int(record.stream),
+            "status": record.status, "latency_ms": round(record.latency_ms, 3),
+            "upstream_ms": round(record.upstream_ms, 3), "tokens_before": record.tokens_before,
+            "tokens_after": record.tokens_after, "gate": record.gate, "request_leaf": request_leaf,
+            "forwarded_leaf": forwarded_leaf, "params": orjson.dumps(record.params).decode(),
+            "error": record.error,
+        }
+        if 200 <= record.status < 300:
+            row.update(self._response_fields(record, request_leaf))
+        elif record.response_body and not record.error:
+            row["error"] = record.response_body.decode("utf-8", "replace")[:65536]
+        self._db["exchanges"].insert(row, replace=True)
+
+    def _response_fields(self, record: ExchangeRecord, request_leaf: str) -> dict[str, Any]:
+        message, usage, response_id, finish = _parse_response(record)
+        fields: dict[str, Any] = {"response_id": response_id, "finish_reason": finish}
+        if message is not None:
+            fields["response_message_id"] = self._store_chain_from(request_leaf, message, record)
+        if usage:
+            details = usage.get("prompt_tokens_details") or {}
+            fields.update(prompt_tokens=usage.get("prompt_tokens"),
+                          completion_tokens=usage.get("completion_tokens"),
+                          cached_tokens=details.get("cached_tokens"))
+        return fields
+
+    def _store_chain_from(self, parent: str, message: dict[str, Any], record: ExchangeRecord) -> str:
+        body = orjson.dumps(message)
+        node = message_id(parent, body)
+        self._db["messages"].insert({
+            "id": node, "parent_id": parent, "tenant": record.tenant, "session_id": record.session_id,
+            "role": message.get("role"), "text": searchable_text(message), "body": body.decode(),
+            "created_at": record.created_at,
+        }, ignore=True)
+        return node
+
+
+def _parse_response(record: ExchangeRecord) -> tuple[dict | None, dict | None, str | None, str | None]:
+    if record.stream:
+        folded = assemble(record.response_chunks)
+        return folded.message(), folded.usage, folded.response_id, folded.finish_reason
+    try:
+        body = orjson.loads(record.response_body or b"")
+    except orjson.JSONDecodeError:
+        return None, None, None, None
+    if not isinstance(body, dict):
+        return None, None, None, None
+    choices = body.get("choices") or [{}]
+    first = choices[0] if isinstance(choices[0], dict) else {}
+    return first.get("message"), body.get("usage"), body.get("id"), first.get("finish_reason")
+
+
+# ---------------------------------------------------------------------------------------- reading
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def fts_query(text: str, *, any_term: bool = True) -> str:
+    """Quote every word so user text can never be FTS syntax; OR them for recall-style ranking."""
+    words = _WORD.findall(text)
+    return (" OR " if any_term else " ").join(f'"{w}"' for w in words)
+
+
+class ArchiveReader:
+    """Read-side queries for the CLI and the internal tools (WAL lets it run beside the writer)."""
+
+    def __init__(self, path: Path) -> None:
+        if not path.exists():
+            raise FileNotFoundError(f"no archive at {path}")
+        self.db = Database(sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False))
+
+    def sessions(self, limit: int = 50) -> list[dict[str, Any]]:
+        return list(self.db.query(
+            """select session_id, min(session_source) as source, count(*) as turns,
+                      sum(tokens_before) as tokens_before, sum(tokens_after) as tokens_after,
+                      max(created_at) as last_activity, group_concat(distinct policy) as policies
+               from exchanges group by session_id order by last_activity desc limit ?""", [limit]))
+
+    def chain(self, leaf: str | None) -> list[dict[str, Any]]:
+        """Messages from the root to `leaf`, each as it was received."""
+        found: list[dict[str, Any]] = []
+        node = leaf
+        while node and not node.startswith("tenant:"):
+            row = next(self.db.query("select parent_id, body from messages where id = ?", [node]), None)
+            if row is None:
+                break
+            found.append(orjson.loads(row["body"]))
+            node = row["parent_id"]
+        found.reverse()
+        return found
+
+    def exchanges(self, session_id: str) -> list[dict[str, Any]]:
+        return list(self.db.query(
+            "select * from exchanges where session_id = ? order by created_at, rowid", [session_id]))
+
+    def conversation(self, session_id: str) -> list[dict[str, Any]]:
+        """The latest request of the session as the client sent it, plus the answer it got."""
+        rows = self.exchanges(session_id)
+        if not rows:
+            return []
+        last = rows[-1]
+        messages = self.chain(last["request_leaf"])
+        if last["response_message_id"]:
+            messages += self.chain(last["response_message_id"])[-1:]
+        return messages
+
+    def search(self, query: str, *, tenant: str | None = None, session_id: str | None = None,
+               limit: int = 10) -> list[dict[str, Any]]:
+        match = fts_query(query)
+        if not match:
+            return []
+        where, params = ["messages_fts match ?"], [match]
+        if tenant is not None:
+            where.append("messages.tenant = ?")
+            params.append(tenant)
+        if session_id is not None:
+            where.append("messages.session_id = ?")
+            params.append(session_id)
+        params.append(limit)
+        return list(self.db.query(
+            f"""select messages.id, messages.session_id, messages.role, messages.created_at,
+                       snippet(messages_fts, 0, '[', ']', ' … ', 16) as snippet,
+                       bm25(messages_fts) as rank
+                from messages_fts join messages on messages.rowid = messages_fts.rowid
+                where {' and '.join(where)} order by rank limit ?""", params))
+
+    def close(self) -> None:
+        self.db.close()
+

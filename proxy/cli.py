@@ -1,0 +1,141 @@
+"""`ctxproxy` command line: a thin wrapper over plain functions."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import orjson
+
+from proxy.config import Config, load_config
+from proxy.errors import ConfigError, CtxProxyError
+
+
+def _config(args: argparse.Namespace) -> Config:
+    return load_config(Path(args.config) if getattr(args, "config", None) else None)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from proxy.app import build_app
+
+    config = _config(args)
+    host = args.host or config.server.host
+    port = args.port if args.port is not None else config.server.port
+    logging.basicConfig(level=config.server.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = build_app(config)
+    uvicorn.run(app, host=host, port=port, log_level=config.server.log_level, loop="uvloop",
+                http="httptools", access_log=False, timeout_graceful_shutdown=30)
+    return 0
+
+
+def cmd_policy_check(args: argparse.Namespace) -> int:
+    from proxy.policy import load_policy_file
+
+    failed = 0
+    for name in args.files:
+        try:
+            load_policy_file(Path(name))
+        except ConfigError as exc:
+            failed += 1
+            print(exc.message, file=sys.stderr)
+        else:
+            print(f"{name}: ok")
+    return 1 if failed else 0
+
+
+def _reader(args: argparse.Namespace):
+    from proxy.archive import ArchiveReader
+
+    return ArchiveReader(_config(args).data_dir / "archive.db")
+
+
+def cmd_sessions(args: argparse.Namespace) -> int:
+    rows = _reader(args).sessions(limit=args.limit)
+    if args.json:
+        print(orjson.dumps(rows).decode())
+        return 0
+    print(f"{'session':<34} {'source':<22} {'turns':>5} {'tokens in':>10} {'forwarded':>10}  last activity")
+    for row in rows:
+        print(f"{row['session_id']:<34} {row['source'] or '':<22} {row['turns']:>5} "
+              f"{row['tokens_before'] or 0:>10} {row['tokens_after'] or 0:>10}  {row['last_activity']}")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    messages = _reader(args).conversation(args.session)
+    if not messages:
+        print(f"no session {args.session!r} in the archive", file=sys.stderr)
+        return 1
+    if args.json:
+        print(orjson.dumps(messages, option=orjson.OPT_INDENT_2).decode())
+        return 0
+    for message in messages:
+        print(f"--- {message.get('role')}" + (f" ({message['tool_call_id']})" if message.get("tool_call_id")
+                                              else ""))
+        content = message.get("content")
+        if content is not None:
+            print(content if isinstance(content, str) else orjson.dumps(content).decode())
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") or {}
+            print(f"[tool call {call.get('id')}] {function.get('name')}({function.get('arguments')})")
+    return 0
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    rows = _reader(args).search(args.query, session_id=args.session, limit=args.limit)
+    if args.json:
+        print(orjson.dumps(rows).decode())
+        return 0
+    if not rows:
+        print("no matches")
+    for row in rows:
+        print(f"{row['created_at']}  {row['session_id']}  {row['role']}\n    {row['snippet']}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="ctxproxy", description="Context-managing OpenAI-compatible proxy.")
+    sub = top.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the proxy")
+    serve.add_argument("--config", help="config YAML (see config.example.yaml)")
+    serve.add_argument("--host", help="bind address (default from config, else 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default from config, else 8787)")
+    serve.set_defaults(func=cmd_serve)
+
+    policy = sub.add_parser("policy", help="policy files")
+    policy_sub = policy.add_subparsers(dest="policy_command", required=True)
+    check = policy_sub.add_parser("check", help="validate policy files")
+    check.add_argument("files", nargs="+")
+    check.set_defaults(func=cmd_policy_check)
+
+    for name, func, helptext in (("sessions", cmd_sessions, "list archived sessions"),
+                                 ("show", cmd_show, "print a session's conversation"),
+                                 ("search", cmd_search, "full-text search over the archive")):
+        command = sub.add_parser(name, help=helptext)
+        command.add_argument("--config", help="config YAML (its data_dir holds the archive)")
+        command.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "show":
+            command.add_argument("session")
+        if name == "search":
+            command.add_argument("query")
+            command.add_argument("--session", help="only this session")
+        if name in ("sessions", "search"):
+            command.add_argument("--limit", type=int, default=20 if name == "search" else 50)
+        command.set_defaults(func=func)
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (CtxProxyError, FileNotFoundError) as exc:
+        print(f"ctxproxy: {getattr(exc, 'message', None) or exc}", file=sys.stderr)
+        return 2

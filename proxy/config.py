@@ -1,0 +1,87 @@
+"""Server configuration: a YAML file validated by pydantic, then loaded once at start."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from proxy.errors import ConfigError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8787, ge=0, le=65535)
+    max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
+    log_level: str = "info"
+
+
+class UpstreamConfig(_Strict):
+    base_url: str = "https://api.openai.com/v1"
+    api_key_env: str | None = None
+    timeout_s: float = Field(600.0, gt=0)
+    connect_timeout_s: float = Field(10.0, gt=0)
+    max_connections: int = Field(100, gt=0)
+    max_keepalive_connections: int = Field(20, ge=0)
+
+
+class Config(_Strict):
+    server: ServerConfig = ServerConfig()
+    upstream: UpstreamConfig = UpstreamConfig()
+    data_dir: Path = Path("./data")
+    policies_dir: Path | None = None
+
+    def upstream_api_key(self) -> str | None:
+        """The fallback key for clients that send none, read from the named environment variable."""
+        if not self.upstream.api_key_env:
+            return None
+        return os.environ.get(self.upstream.api_key_env) or None
+
+
+def describe_validation_error(source: str, error: ValidationError) -> str:
+    """One line per problem: `file: dotted.key: reason`."""
+    lines = []
+    for item in error.errors():
+        key = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        reason = "unknown key" if item["type"] == "extra_forbidden" else item["msg"]
+        lines.append(f"{source}: {key}: {reason}")
+    return "\n".join(lines)
+
+
+def read_yaml_mapping(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def load_config(path: Path | None) -> Config:
+    """Load and validate a config file; relative paths in it are taken from the file's folder."""
+    if path is None:
+        return Config()
+    data = read_yaml_mapping(path)
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(str(path), exc)) from None
+    base = path.resolve().parent
+    updates: dict[str, Any] = {}
+    if not config.data_dir.is_absolute():
+        updates["data_dir"] = base / config.data_dir
+    if config.policies_dir is not None and not config.policies_dir.is_absolute():
+        updates["policies_dir"] = base / config.policies_dir
+    return config.model_copy(update=updates) if updates else config

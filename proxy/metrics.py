@@ -1,0 +1,31 @@
+"""Prometheus metrics, one registry per app so several apps can live in one process (tests)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+_FAST_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+_SLOW_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("ctxproxy_requests", "Requests answered, by route, status and policy.",
+                                ["route", "status", "policy"], registry=self.registry)
+        self.upstream_seconds = Histogram("ctxproxy_upstream_seconds",
+                                          "Time from sending upstream to its response headers (and body "
+                                          "when not streaming).", ["route"], buckets=_SLOW_BUCKETS,
+                                          registry=self.registry)
+        self.added_seconds = Histogram("ctxproxy_added_seconds",
+                                       "Time the proxy itself adds to a request (total minus upstream).",
+                                       ["route"], buckets=_FAST_BUCKETS, registry=self.registry)
+        self.gate = Counter("ctxproxy_gate", "Budget gate decisions.", ["policy", "gate"],
+                            registry=self.registry)
+        self.tokens_before = Counter("ctxproxy_tokens_before", "Tokens the client sent.", ["policy"],
+                                     registry=self.registry)
+        self.tokens_after = Counter("ctxproxy_tokens_after", "Tokens forwarded upstream.", ["policy"],
+                                    registry=self.registry)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,38 @@
+"""Archive schema, as append-only sqlite-utils migrations: never edit one, add the next."""
+
+from __future__ import annotations
+
+from sqlite_utils import Database, Migrations
+
+migrations = Migrations("ctxproxy")
+
+
+@migrations()
+def m001_messages_and_exchanges(db: Database) -> None:
+    # Each distinct message once: id = hash(parent id + message bytes), so a conversation resent
+    # every turn shares its whole prefix with the previous request.
+    db["messages"].create(
+        {"id": str, "parent_id": str, "tenant": str, "session_id": str, "role": str, "text": str,
+         "body": str,
+         "created_at": str},
+        pk="id",
+    )
+    db["messages"].create_index(["parent_id"])
+    db["messages"].enable_fts(["text"], fts_version="FTS5", create_triggers=True, tokenize="porter")
+    db["exchanges"].create(
+        {
+            "id": str, "created_at": str, "session_id": str, "session_source": str, "tenant": str,
+            "policy": str, "route": str, "model": str, "stream": int, "status": int,
+            "latency_ms": float, "upstream_ms": float, "tokens_before": int, "tokens_after": int,
+            "gate": str, "request_leaf": str, "forwarded_leaf": str, "params": str,
+            "response_message_id": str, "response_id": str, "finish_reason": str,
+            "prompt_tokens": int, "completion_tokens": int, "cached_tokens": int, "error": str,
+        },
+        pk="id",
+    )
+    db["exchanges"].create_index(["session_id", "created_at"])
+    db["exchanges"].create_index(["tenant", "created_at"])
+
+
+def apply(db: Database) -> None:
+    migrations.apply(db)

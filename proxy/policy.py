@@ -1,0 +1,182 @@
+"""Per-project policies: YAML files validated by pydantic, selected per request, reloaded on change."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from proxy.config import describe_validation_error, read_yaml_mapping
+from proxy.errors import BadRequest, ConfigError, NotFound
+
+log = logging.getLogger("ctxproxy.policy")
+
+POLICY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+Pct = Field(ge=0.0, le=1.0)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ToolResultsPolicy(_Section):
+    enabled: bool = True
+    threshold_tokens: int = Field(2000, gt=0)
+    summarizer_model: str | None = None
+    keep_recent: int = Field(3, ge=0)
+    prune_at_pct: float = Field(0.80, ge=0.0, le=1.0)
+
+
+class BudgetPolicy(_Section):
+    enabled: bool = True
+    max_input_tokens: int | None = Field(None, gt=0)
+    soft_warn_at_pct: float = Field(0.70, ge=0.0, le=1.0)
+    prune_at_pct: float = Field(0.80, ge=0.0, le=1.0)
+    pad_pct: float = Field(0.05, ge=0.0, le=1.0)
+    keep_recent: int = Field(3, ge=0)
+    checkpoint_redact_secrets: bool = True
+
+    @model_validator(mode="after")
+    def _bands_in_order(self) -> BudgetPolicy:
+        if self.soft_warn_at_pct > self.prune_at_pct:
+            raise ValueError("soft_warn_at_pct must not exceed prune_at_pct")
+        return self
+
+
+class WindowPolicy(_Section):
+    enabled: bool = True
+    max_tokens: int | None = Field(None, gt=0)
+    max_pct: float = Field(0.60, gt=0.0, le=1.0)
+    low_water_pct: float = Field(0.50, gt=0.0, le=1.0)
+
+
+class PinnedPolicy(_Section):
+    files: list[str] = []
+    max_tokens: int = Field(100_000, gt=0)
+
+
+class SummaryPolicy(_Section):
+    enabled: bool = True
+    max_tokens: int = Field(10_000, gt=0)
+    summarizer_model: str | None = None
+
+
+class WorkingMemoryPolicy(_Section):
+    enabled: bool = True
+    max_entities: int = Field(10, gt=0)
+    max_from_list: int = Field(3, gt=0)
+    type_patterns: dict[str, str] = {}
+
+
+class FoldedPolicy(_Section):
+    enabled: bool = False
+    max_episodes: int = Field(8, gt=1)
+    summarizer_model: str | None = None
+
+
+class Policy(_Section):
+    tool_results: ToolResultsPolicy = ToolResultsPolicy()
+    budget: BudgetPolicy = BudgetPolicy()
+    window: WindowPolicy = WindowPolicy()
+    pinned: PinnedPolicy = PinnedPolicy()
+    summary: SummaryPolicy = SummaryPolicy()
+    working_memory: WorkingMemoryPolicy = WorkingMemoryPolicy()
+    folded: FoldedPolicy = FoldedPolicy()
+
+
+@dataclass(frozen=True)
+class LoadedPolicy:
+    name: str
+    policy: Policy
+    path: Path | None  # None for the built-in default
+
+    @property
+    def folder(self) -> Path | None:
+        return self.path.parent if self.path else None
+
+
+def validate_policy_name(name: str) -> str:
+    if not POLICY_NAME.match(name):
+        raise BadRequest(f"invalid policy name {name!r}: use letters, digits, '.', '_' or '-'",
+                         code="invalid_policy")
+    return name
+
+
+def load_policy_file(path: Path) -> LoadedPolicy:
+    """Parse and validate one policy file; errors name the file, the key and the reason."""
+    data = read_yaml_mapping(path)
+    try:
+        policy = Policy.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(str(path), exc)) from None
+    for relative in policy.pinned.files:
+        if not (path.parent / relative).is_file():
+            raise ConfigError(f"{path}: pinned.files: {relative!r} does not exist "
+                              f"(paths are relative to the policy file)")
+    return LoadedPolicy(name=path.stem, policy=policy, path=path)
+
+
+class PolicyStore:
+    """Finds `<name>.yaml` in the policies folder; re-reads a file when its mtime changes.
+
+    A bad edit keeps the last good version in service and logs why.
+    """
+
+    def __init__(self, folder: Path | None) -> None:
+        self.folder = folder
+        self._cache: dict[str, tuple[float, LoadedPolicy]] = {}
+        self._builtin_default = LoadedPolicy("default", Policy(), None)
+
+    def _path_for(self, name: str) -> Path | None:
+        if self.folder is None:
+            return None
+        for suffix in (".yaml", ".yml"):
+            candidate = self.folder / f"{name}{suffix}"
+            if candidate.is_file():
+                return candidate
+        return None
+
+    def get(self, name: str) -> LoadedPolicy:
+        validate_policy_name(name)
+        path = self._path_for(name)
+        if path is None:
+            if name == "default":
+                return self._builtin_default
+            raise NotFound(f"unknown policy {name!r}; available: {', '.join(self.names()) or 'default'}",
+                           code="unknown_policy")
+        mtime = os.stat(path).st_mtime_ns
+        cached = self._cache.get(name)
+        if cached and cached[0] == mtime:
+            return cached[1]
+        try:
+            loaded = load_policy_file(path)
+        except ConfigError as exc:
+            if cached:
+                log.error("policy %s: keeping the last good version: %s", name, exc)
+                self._cache[name] = (mtime, cached[1])
+                return cached[1]
+            raise
+        self._cache[name] = (mtime, loaded)
+        if cached:
+            log.info("policy %s reloaded from %s", name, path)
+        return loaded
+
+    def names(self) -> list[str]:
+        if self.folder is None or not self.folder.is_dir():
+            return ["default"]
+        found = {p.stem for p in self.folder.iterdir() if p.suffix in (".yaml", ".yml")}
+        return sorted(found | {"default"})
+
+    def check_all(self) -> list[str]:
+        """Load every policy at start so a broken file fails loudly before serving."""
+        problems = []
+        for name in self.names():
+            try:
+                self.get(name)
+            except ConfigError as exc:
+                problems.append(str(exc))
+        return problems

@@ -1,0 +1,168 @@
+"""Token counting and model windows. The only module that imports tiktoken or litellm.
+
+Counts are exact for the encoding that fits the model and work offline: the encodings ship inside
+the litellm package, which we locate without importing it (importing litellm costs ~2 s).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+from collections.abc import Callable, Iterable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+FALLBACK_WINDOW = 8192
+# Per-message overheads as in OpenAI's published counting recipe.
+TOKENS_PER_MESSAGE = 3
+TOKENS_PER_NAME = 1
+REPLY_PRIMING = 3
+IMAGE_TOKENS = 765
+
+_CACHE_LIMIT = 200_000
+
+
+def _litellm_resource_dir() -> Path:
+    spec = importlib.util.find_spec("litellm")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("litellm is not installed; it ships the offline tokenizer files")
+    return Path(next(iter(spec.submodule_search_locations))) / "litellm_core_utils" / "tokenizers"
+
+
+def _prepare_offline_env() -> None:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    if "TIKTOKEN_CACHE_DIR" not in os.environ:
+        os.environ["TIKTOKEN_CACHE_DIR"] = str(_litellm_resource_dir())
+
+
+def encoding_name_for(model: str) -> str:
+    """Pick the tokenizer family for a model name (provider prefixes are ignored)."""
+    bare = model.rsplit("/", 1)[-1].lower()
+    if bare.startswith("ft:"):
+        bare = bare[3:]
+    if "claude" in bare:
+        return "claude"
+    o200k_prefixes = ("gpt-4o", "gpt-4.1", "gpt-4.5", "gpt-5", "o1", "o3", "o4", "chatgpt-4o", "gpt-oss")
+    if bare.startswith(o200k_prefixes):
+        return "o200k_base"
+    if bare.startswith(("gpt-4", "gpt-3.5", "text-embedding")):
+        return "cl100k_base"
+    # Unknown families (gemini, llama, mistral, ...): o200k is close to their modern vocabularies.
+    return "o200k_base"
+
+
+@cache
+def _encoder(name: str) -> Callable[[str], int]:
+    """Return a function counting the tokens of a string for this tokenizer family."""
+    _prepare_offline_env()
+    if name == "claude":
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(_litellm_resource_dir() / "anthropic_tokenizer.json"))
+        return lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)
+    import tiktoken
+
+    encoding = tiktoken.get_encoding(name)
+    return lambda text: len(encoding.encode_ordinary(text))
+
+
+class TokenCounter:
+    """Counts request tokens; per-message counts are memoised so cost grows with new messages only."""
+
+    def __init__(self) -> None:
+        self._memo: dict[tuple[str, Any], int] = {}
+        self._lock = threading.Lock()
+
+    def warm(self, models: Iterable[str] = ("gpt-4o", "gpt-4")) -> None:
+        for model in models:
+            _encoder(encoding_name_for(model))
+
+    def text(self, text: str, model: str) -> int:
+        return _encoder(encoding_name_for(model))(text)
+
+    def message(self, message: dict[str, Any], model: str) -> int:
+        family = encoding_name_for(model)
+        key = (family, _message_key(message))
+        found = self._memo.get(key)
+        if found is not None:
+            return found
+        count = _count_message(message, _encoder(family))
+        with self._lock:
+            if len(self._memo) >= _CACHE_LIMIT:
+                self._memo.clear()
+            self._memo[key] = count
+        return count
+
+    def messages(self, messages: list[dict[str, Any]], model: str) -> int:
+        return REPLY_PRIMING + sum(self.message(m, model) for m in messages)
+
+    def tools(self, tools: list[Any] | None, model: str) -> int:
+        if not tools:
+            return 0
+        serialized = orjson.dumps(tools).decode()
+        key = (encoding_name_for(model), ("tools", serialized))
+        found = self._memo.get(key)
+        if found is None:
+            found = self.text(serialized, model)
+            self._memo[key] = found
+        return found
+
+    def request(self, messages: list[dict[str, Any]], tools: list[Any] | None, model: str) -> int:
+        return self.messages(messages, model) + self.tools(tools, model)
+
+
+def _message_key(message: dict[str, Any]) -> Any:
+    content = message.get("content")
+    if isinstance(content, str) and len(message) <= 2:
+        return (message.get("role"), content)
+    return orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
+
+
+def _count_message(message: dict[str, Any], count: Callable[[str], int]) -> int:
+    total = TOKENS_PER_MESSAGE + count(str(message.get("role", "")))
+    content = message.get("content")
+    if isinstance(content, str):
+        total += count(content)
+    elif isinstance(content, list):
+        for part in content:
+            if not isinstance(part, dict):
+                continue
+            if isinstance(part.get("text"), str):
+                total += count(part["text"])
+            elif part.get("type") in ("image_url", "input_image", "image"):
+                total += IMAGE_TOKENS
+            else:
+                total += count(orjson.dumps(part).decode())
+    if message.get("name"):
+        total += TOKENS_PER_NAME + count(str(message["name"]))
+    for call in message.get("tool_calls") or ():
+        function = (call.get("function") or {}) if isinstance(call, dict) else {}
+        total += TOKENS_PER_MESSAGE + count(str(function.get("name", ""))) + count(
+            str(function.get("arguments", "")))
+    if message.get("tool_call_id"):
+        total += count(str(message["tool_call_id"]))
+    return total
+
+
+_windows: dict[str, int] = {}
+
+
+def model_window(model: str) -> int:
+    """The model's input window from litellm's bundled map; 8192 for models it does not know."""
+    if model in _windows:
+        return _windows[model]
+    _prepare_offline_env()
+    import litellm  # deliberately lazy: ~2 s
+
+    window = FALLBACK_WINDOW
+    try:
+        info = litellm.get_model_info(model)
+        window = int(info.get("max_input_tokens") or FALLBACK_WINDOW)
+    except Exception:  # litellm raises several types for unmapped models
+        window = FALLBACK_WINDOW
+    _windows[model] = window
+    return window

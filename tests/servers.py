@@ -1,0 +1,205 @@
+"""Real uvicorn servers on loopback sockets for the tests, plus a scripted fake provider.
+
+The fake upstream stands in for the provider we cannot reach. It records every request it gets
+(raw bytes and headers) and answers from a script of steps, defaulting to a short echo reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+
+class ServerThread:
+    """Run an ASGI app with uvicorn on 127.0.0.1:<free port> in a background thread."""
+
+    def __init__(self, app: Any) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        config = uvicorn.Config(app, log_level="warning", lifespan="on", loop="asyncio", http="h11",
+                                timeout_graceful_shutdown=5)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:  # readiness poll, not synchronization of behaviour under test
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("server did not start")
+            time.sleep(0.005)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=20)
+        self.sock.close()
+
+
+@dataclass
+class Seen:
+    path: str
+    method: str
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return orjson.loads(self.body)
+
+
+@dataclass
+class Step:
+    """One scripted answer. `kind`: reply | stream | error | hang | raw."""
+
+    kind: str = "reply"
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    status: int = 200
+    body: bytes = b""
+    chunks: list[bytes] = field(default_factory=list)
+    headers: dict[str, str] = field(default_factory=dict)
+    hang_after_chunks: bool = False
+
+
+def completion(content: str | None, tool_calls: list[dict[str, Any]] | None = None, *,
+               model: str = "gpt-4o", response_id: str = "chatcmpl-fake") -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return {
+        "id": response_id, "object": "chat.completion", "created": 1700000000, "model": model,
+        "choices": [{"index": 0, "message": message,
+                     "finish_reason": "tool_calls" if tool_calls else "stop"}],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14,
+                  "prompt_tokens_details": {"cached_tokens": 5}},
+    }
+
+
+def sse(chunk: dict[str, Any] | str) -> bytes:
+    data = chunk if isinstance(chunk, str) else orjson.dumps(chunk).decode()
+    return f"data: {data}\n\n".encode()
+
+
+def stream_chunks(text_pieces: list[str], *, response_id: str = "chatcmpl-stream",
+                  tool_calls: list[dict[str, Any]] | None = None) -> list[bytes]:
+    base = {"id": response_id, "object": "chat.completion.chunk", "created": 1700000000, "model": "gpt-4o"}
+    out = [sse(base | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                    "finish_reason": None}]})]
+    for piece in text_pieces:
+        delta = {"content": piece}
+        out.append(sse(base | {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]}))
+    for index, call in enumerate(tool_calls or ()):
+        out.append(sse(base | {"choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": index, "id": call["id"], "type": "function",
+             "function": {"name": call["function"]["name"], "arguments": ""}}]}, "finish_reason": None}]}))
+        out.append(sse(base | {"choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": index, "function": {"arguments": call["function"]["arguments"]}}]},
+            "finish_reason": None}]}))
+    out.append(sse(base | {"choices": [{"index": 0, "delta": {},
+                                        "finish_reason": "tool_calls" if tool_calls else "stop"}]}))
+    out.append(sse("[DONE]"))
+    return out
+
+
+class FakeUpstream:
+    """A scripted OpenAI-like provider. Thread-safe enough for the tests: one request at a time."""
+
+    def __init__(self) -> None:
+        self.seen: list[Seen] = []
+        self.script: deque[Step | Callable[[Seen], Step]] = deque()
+        self.got_request = threading.Event()
+        self.saw_disconnect = threading.Event()
+        self.app = Starlette(routes=[
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/{path:path}", self.other, methods=["GET", "POST", "DELETE", "PUT", "PATCH"]),
+        ])
+
+    def reset(self) -> None:
+        self.seen.clear()
+        self.script.clear()
+        self.got_request.clear()
+        self.saw_disconnect.clear()
+
+    def then(self, *steps: Step | Callable[[Seen], Step]) -> FakeUpstream:
+        self.script.extend(steps)
+        return self
+
+    @property
+    def chat_requests(self) -> list[Seen]:
+        return [s for s in self.seen if s.path.endswith("/chat/completions")]
+
+    async def _record(self, request: Request) -> Seen:
+        seen = Seen(request.url.path + (f"?{request.url.query}" if request.url.query else ""),
+                    request.method, dict(request.headers), await request.body())
+        self.seen.append(seen)
+        self.got_request.set()
+        return seen
+
+    async def _wait_for_disconnect(self, request: Request) -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                self.saw_disconnect.set()
+                return
+
+    async def chat(self, request: Request) -> Response:
+        seen = await self._record(request)
+        step = self.script.popleft() if self.script else None
+        if callable(step):
+            step = step(seen)
+        if step is None:
+            body = seen.json()
+            last = body["messages"][-1].get("content")
+            step = Step(content=f"echo: {last}" if isinstance(last, str) else "echo")
+            if body.get("stream"):
+                step = Step(kind="stream", chunks=stream_chunks([step.content or ""]))
+        if step.kind == "hang":
+            await self._wait_for_disconnect(request)
+            return Response(b"", status_code=599)
+        if step.kind == "error":
+            return Response(step.body, status_code=step.status, headers=step.headers,
+                            media_type="application/json")
+        if step.kind == "raw":
+            return Response(step.body, status_code=step.status, headers=step.headers)
+        if step.kind == "stream":
+            async def generate():
+                for chunk in step.chunks:
+                    yield chunk
+                    await asyncio.sleep(0)
+                if step.hang_after_chunks:
+                    await self._wait_for_disconnect(request)
+
+            return StreamingResponse(generate(), status_code=step.status,
+                                     headers={"x-upstream": "fake", **step.headers},
+                                     media_type="text/event-stream")
+        payload = orjson.dumps(completion(step.content, step.tool_calls))
+        return Response(payload, status_code=step.status, media_type="application/json",
+                        headers={"x-upstream": "fake", **step.headers})
+
+    async def other(self, request: Request) -> Response:
+        seen = await self._record(request)
+        if seen.path.startswith("/v1/models"):
+            return Response(b'{"object":"list","data":[{"id":"gpt-4o","object":"model","created":1,'
+                            b'"owned_by":"fake"}]}', media_type="application/json")
+        # Echo: status 200, body = the request bytes, so byte identity can be checked both ways.
+        return Response(seen.body, media_type=request.headers.get("content-type", "application/octet-stream"),
+                        headers={"x-echo-method": request.method})

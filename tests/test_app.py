@@ -1,0 +1,228 @@
+"""The proxy core through a real uvicorn socket, with the official openai SDK as the client."""
+
+from __future__ import annotations
+
+import socket
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from tests.servers import Step, stream_chunks
+
+
+def test_non_streaming_completion_round_trip(proxy, fake_upstream):
+    client = proxy.client()
+    raw = client.chat.completions.with_raw_response.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "hello there"}])
+    result = raw.parse()
+    assert result.choices[0].message.content == "echo: hello there"
+    assert result.usage.prompt_tokens_details.cached_tokens == 5
+    assert raw.headers["x-ctxproxy-policy"] == "default"
+    assert raw.headers["x-ctxproxy-gate"] == "pass"
+    assert raw.headers["x-ctxproxy-session"].startswith("fp-")
+    assert int(raw.headers["x-ctxproxy-tokens-before"]) > 0
+    assert raw.headers["x-upstream"] == "fake"  # upstream headers are relayed
+    assert fake_upstream.chat_requests[0].headers["authorization"] == "Bearer sk-test-key"
+
+
+def test_streaming_completion_with_multibyte_split_across_chunks(proxy, fake_upstream):
+    chunks = stream_chunks(["Grüße ", "aus ", "東京 🚀"])
+    # Cut every chunk in the middle of its bytes, including inside multi-byte characters.
+    blob = b"".join(chunks)
+    pieces = [blob[i:i + 7] for i in range(0, len(blob), 7)]
+    broken = 0
+    for piece in pieces:
+        try:
+            piece.decode("utf-8")
+        except UnicodeDecodeError:
+            broken += 1
+    assert broken > 0, "the fixture must split a multi-byte character"
+    fake_upstream.then(Step(kind="stream", chunks=pieces))
+    stream = proxy.client().chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "greet"}], stream=True)
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert text == "Grüße aus 東京 🚀"
+
+
+def test_stream_bytes_are_relayed_unchanged(proxy, fake_upstream):
+    chunks = stream_chunks(["a", "b"]) + [b": keepalive comment\n\n"]
+    fake_upstream.then(Step(kind="stream", chunks=chunks))
+    with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json={
+            "model": "gpt-4o", "stream": True, "messages": [{"role": "user", "content": "x"}]}) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert response.headers["x-ctxproxy-gate"] == "pass"
+        received = b"".join(response.iter_raw())
+    assert received == b"".join(chunks)
+
+
+def test_unchanged_request_reaches_upstream_byte_for_byte(proxy, fake_upstream):
+    body = (b'{ "zeta": 1.50, "model":"gpt-4o" ,"messages":[{"role":"user","content":"caf\\u00e9 \xc3\xa9",'
+            b'"x_unknown":{"n":1e2}}], "temperature":0.70,"alpha":[3,2,1]}')
+    response = httpx.post(f"{proxy.url}/v1/chat/completions", content=body,
+                          headers={"content-type": "application/json", "authorization": "Bearer k"})
+    assert response.status_code == 200
+    assert fake_upstream.chat_requests[-1].body == body
+
+
+def test_upstream_errors_reach_the_client_unchanged(proxy, fake_upstream):
+    error = b'{"error":{"message":"slow down","type":"rate_limit_error","code":"rate_limit"}}'
+    fake_upstream.then(Step(kind="error", status=429, body=error, headers={"retry-after": "7"}))
+    response = httpx.post(f"{proxy.url}/v1/chat/completions",
+                          json={"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]})
+    assert response.status_code == 429
+    assert response.content == error
+    assert response.headers["retry-after"] == "7"
+    fake_upstream.then(Step(kind="error", status=500, body=b'{"error":{"message":"boom"}}'))
+    with pytest.raises(openai.InternalServerError):
+        proxy.client().chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
+
+
+def test_unreachable_upstream_is_a_502_naming_it(make_proxy, fake_upstream):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dead_port = probe.getsockname()[1]
+    proxy = make_proxy({"upstream": {"base_url": f"http://127.0.0.1:{dead_port}/v1"}})
+    response = httpx.post(f"{proxy.url}/v1/chat/completions",
+                          json={"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]})
+    assert response.status_code == 502
+    error = response.json()["error"]
+    assert f"127.0.0.1:{dead_port}" in error["message"]
+    assert error["code"] == "upstream_unreachable"
+
+
+@pytest.mark.parametrize(("body", "code"), [
+    (b"{not json", "invalid_json"),
+    (b"[1, 2]", "invalid_json"),
+    (b'{"model": "gpt-4o"}', "missing_messages"),
+    (b'{"model": "gpt-4o", "messages": []}', "missing_messages"),
+    (b'{"model": "gpt-4o", "messages": ["hi"]}', "invalid_message"),
+    (b'{"model": "gpt-4o", "messages": [{"role":"user","content":"x"}], "tools": {}}', "invalid_tools"),
+])
+def test_client_mistakes_are_openai_shaped_400s(proxy, fake_upstream, body, code):
+    response = httpx.post(f"{proxy.url}/v1/chat/completions", content=body,
+                          headers={"content-type": "application/json"})
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "invalid_request_error"
+    assert response.json()["error"]["code"] == code
+    assert fake_upstream.chat_requests == []
+
+
+def test_oversized_body_is_a_413(make_proxy, fake_upstream):
+    proxy = make_proxy({"server": {"max_body_bytes": 1000}})
+    response = httpx.post(f"{proxy.url}/v1/chat/completions", json={
+        "model": "gpt-4o", "messages": [{"role": "user", "content": "x" * 2000}]})
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "request_too_large"
+    assert fake_upstream.chat_requests == []
+
+
+def test_other_routes_pass_through_byte_for_byte(proxy, fake_upstream):
+    client = proxy.client()
+    assert [m.id for m in client.models.list()] == ["gpt-4o"]
+    body = b'{"input": "caf\xc3\xa9", "model":"text-embedding-3-small",  "extra": 1.0}'
+    response = httpx.post(f"{proxy.url}/p/passthrough/v1/embeddings?x=1", content=body,
+                          headers={"content-type": "application/json", "authorization": "Bearer k2"})
+    assert response.status_code == 200
+    assert response.content == body
+    seen = fake_upstream.seen[-1]
+    assert seen.body == body and seen.path == "/v1/embeddings?x=1"
+    assert seen.headers["authorization"] == "Bearer k2"
+    deleted = httpx.delete(f"{proxy.url}/v1/files/file-123")
+    assert deleted.headers["x-echo-method"] == "DELETE"
+
+
+def test_fallback_key_only_when_client_sends_none(make_proxy, fake_upstream, monkeypatch):
+    monkeypatch.setenv("CTXPROXY_TEST_KEY", "sk-from-env")
+    proxy = make_proxy({"upstream": {"api_key_env": "CTXPROXY_TEST_KEY"}})
+    payload = {"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]}
+    httpx.post(f"{proxy.url}/v1/chat/completions", json=payload)
+    httpx.post(f"{proxy.url}/v1/chat/completions", json=payload, headers={"authorization": "Bearer mine"})
+    first, second = fake_upstream.chat_requests
+    assert first.headers["authorization"] == "Bearer sk-from-env"
+    assert second.headers["authorization"] == "Bearer mine"
+
+
+def test_policy_selected_by_url_then_header_then_default(proxy, fake_upstream):
+    payload = {"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]}
+    by_url = httpx.post(f"{proxy.url}/p/passthrough/v1/chat/completions", json=payload)
+    by_header = httpx.post(f"{proxy.url}/v1/chat/completions", json=payload,
+                           headers={"x-ctxproxy-policy": "passthrough"})
+    fallback = httpx.post(f"{proxy.url}/v1/chat/completions", json=payload)
+    assert by_url.headers["x-ctxproxy-policy"] == "passthrough"
+    assert by_header.headers["x-ctxproxy-policy"] == "passthrough"
+    assert fallback.headers["x-ctxproxy-policy"] == "default"
+    assert "x-ctxproxy-policy" not in fake_upstream.chat_requests[1].headers  # ours stay here
+    unknown = httpx.post(f"{proxy.url}/p/nope/v1/chat/completions", json=payload)
+    assert unknown.status_code == 404 and "nope" in unknown.json()["error"]["message"]
+    bad = httpx.post(f"{proxy.url}/v1/chat/completions", json=payload,
+                     headers={"x-ctxproxy-policy": "../etc/passwd"})
+    assert bad.status_code == 400
+
+
+def test_openai_sdk_with_policy_base_url(proxy, fake_upstream):
+    client = openai.OpenAI(base_url=f"{proxy.url}/p/passthrough/v1", api_key="k", max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+    assert raw.headers["x-ctxproxy-policy"] == "passthrough"
+
+
+def test_tool_calls_pass_through_streaming_and_not(proxy, fake_upstream):
+    call = {"id": "call_1", "type": "function", "function": {"name": "read_file",
+                                                              "arguments": '{"path": "a.py"}'}}
+    fake_upstream.then(Step(content=None, tool_calls=[call]),
+                       Step(kind="stream", chunks=stream_chunks([], tool_calls=[call])))
+    tools = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
+    client = proxy.client()
+    message = client.chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "read a.py"}], tools=tools).choices[0].message
+    assert message.tool_calls[0].function.arguments == '{"path": "a.py"}'
+    stream = client.chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "read a.py"}], tools=tools, stream=True)
+    arguments = "".join(c.choices[0].delta.tool_calls[0].function.arguments or ""
+                        for c in stream if c.choices and c.choices[0].delta.tool_calls)
+    assert arguments == '{"path": "a.py"}'
+    assert orjson.loads(fake_upstream.chat_requests[0].body)["tools"] == tools
+
+
+def _raw_request(port: int, body: bytes) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                 b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    return sock
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_disconnect_before_upstream_headers_cancels_upstream(proxy, fake_upstream, stream):
+    fake_upstream.then(Step(kind="hang"))
+    body = orjson.dumps({"model": "gpt-4o", "stream": stream, "messages": [{"role": "user", "content": "x"}]})
+    sock = _raw_request(proxy.server.port, body)
+    assert fake_upstream.got_request.wait(10)
+    sock.close()
+    assert fake_upstream.saw_disconnect.wait(10), "the upstream call was not cancelled"
+    proxy.flush()
+    row = next(proxy.state.archive._db.query("select status, error from exchanges"))
+    assert row["status"] == 499 and "disconnect" in row["error"]
+
+
+def test_disconnect_mid_stream_cancels_upstream(proxy, fake_upstream):
+    fake_upstream.then(Step(kind="stream", chunks=stream_chunks(["first"])[:2], hang_after_chunks=True))
+    body = orjson.dumps({"model": "gpt-4o", "stream": True, "messages": [{"role": "user", "content": "x"}]})
+    sock = _raw_request(proxy.server.port, body)
+    received = b""
+    while b"first" not in received:
+        received += sock.recv(65536)
+    sock.close()
+    assert fake_upstream.saw_disconnect.wait(10)
+
+
+def test_healthz_and_metrics(proxy, fake_upstream):
+    assert httpx.get(f"{proxy.url}/healthz").json() == {"status": "ok"}
+    httpx.post(f"{proxy.url}/v1/chat/completions",
+               json={"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]})
+    text = httpx.get(f"{proxy.url}/metrics").text
+    assert 'ctxproxy_requests_total{policy="default",route="chat/completions",status="200"} 1.0' in text
+    assert "ctxproxy_added_seconds_bucket" in text
+    assert "ctxproxy_upstream_seconds_bucket" in text
+
