@@ -47,7 +47,7 @@ def test_streaming_completion_with_multibyte_split_across_chunks(proxy, fake_ups
 
 
 def test_stream_bytes_are_relayed_unchanged(proxy, fake_upstream):
-    chunks = stream_chunks(["a", "b"]) + [b": keepalive comment\n\n"]
+    chunks = [*stream_chunks(["a", "b"]), b": keepalive comment\n\n"]
     fake_upstream.then(Step(kind="stream", chunks=chunks))
     with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json={
             "model": "gpt-4o", "stream": True, "messages": [{"role": "user", "content": "x"}]}) as response:

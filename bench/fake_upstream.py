@@ -1,0 +1,117 @@
+"""A fast fake OpenAI-compatible upstream for the overhead benchmark (raw ASGI, uvloop + httptools).
+
+Run: `python bench/fake_upstream.py [--port 0]`. It binds 127.0.0.1, prints `PORT <n>` on stdout once
+listening, and answers POST /v1/chat/completions with a fixed completion, or with a 20-chunk SSE
+stream ending in `data: [DONE]` when the body asks for `"stream": true`. Bodies are read, never parsed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import socket
+import sys
+from typing import Any
+
+import orjson
+import uvicorn
+
+STREAM_CHUNKS = 20
+# JSON escapes quotes inside strings, so this cannot match text inside a message's content.
+_STREAM_TRUE = re.compile(rb'"stream"\s*:\s*true')
+
+_BASE: dict[str, Any] = {"id": "chatcmpl-bench", "created": 1700000000, "model": "gpt-4o"}
+_USAGE = {"prompt_tokens": 11, "completion_tokens": 18, "total_tokens": 29}
+
+COMPLETION = orjson.dumps(_BASE | {
+    "object": "chat.completion", "system_fingerprint": "fp_bench",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello from the fake upstream."},
+                 "logprobs": None, "finish_reason": "stop"}],
+    "usage": _USAGE,
+})
+
+
+def _chunk(delta: dict[str, Any], finish: str | None = None, usage: dict[str, Any] | None = None) -> bytes:
+    body = _BASE | {"object": "chat.completion.chunk",
+                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+    if usage is not None:
+        body["usage"] = usage
+    return b"data: " + orjson.dumps(body) + b"\n\n"
+
+
+# 20 chunk events: role, 18 content pieces, finish (with usage); then the [DONE] sentinel.
+SSE_EVENTS: list[bytes] = (
+    [_chunk({"role": "assistant", "content": ""})]
+    + [_chunk({"content": f"tok{i} "}) for i in range(STREAM_CHUNKS - 2)]
+    + [_chunk({}, finish="stop", usage=_USAGE), b"data: [DONE]\n\n"]
+)
+
+JSON_HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(COMPLETION)).encode())]
+SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+NOT_FOUND = b'{"error":{"message":"not found","type":"invalid_request_error"}}'
+
+
+async def _read_body(receive: Any) -> bytes:
+    parts: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        parts.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    return b"".join(parts)
+
+
+async def _send_simple(send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Raw ASGI: no framework between uvicorn and the answer."""
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    if scope["type"] != "http":
+        return
+    body = await _read_body(receive)
+    path = scope["path"]
+    if scope["method"] == "GET" and path in ("/healthz", "/v1/models"):
+        await _send_simple(send, 200, b'{"object":"list","data":[{"id":"gpt-4o","object":"model"}]}',
+                           [(b"content-type", b"application/json")])
+        return
+    if scope["method"] != "POST" or not path.endswith("/chat/completions"):
+        await _send_simple(send, 404, NOT_FOUND, [(b"content-type", b"application/json")])
+        return
+    if not _STREAM_TRUE.search(body):
+        await _send_simple(send, 200, COMPLETION, JSON_HEADERS)
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+    for event in SSE_EVENTS:  # one ASGI message (so one HTTP chunk) per SSE event
+        await send({"type": "http.response.body", "body": event, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on stdout)")
+    args = parser.parse_args()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", args.port))
+    config = uvicorn.Config(app, loop="uvloop", http="httptools", lifespan="on", log_level="warning",
+                            access_log=False, backlog=1024)
+    server = uvicorn.Server(config)
+    print(f"PORT {sock.getsockname()[1]}", flush=True)  # the parent waits for /healthz before use
+    server.run(sockets=[sock])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

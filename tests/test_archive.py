@@ -1,0 +1,128 @@
+"""The archive: dedup, reconstruction, failure recording, file mode, no secrets."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import httpx
+import orjson
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from proxy.archive import ArchiveReader, ArchiveWriter, ExchangeRecord, utc_now
+from tests.servers import Step
+
+
+def test_twenty_turn_conversation_stores_each_message_once(proxy, fake_upstream):
+    client = proxy.client()
+    messages = [{"role": "system", "content": "You are terse."}]
+    for turn in range(20):
+        messages.append({"role": "user", "content": f"question {turn}"})
+        answer = client.chat.completions.create(model="gpt-4o", messages=messages).choices[0].message
+        messages.append({"role": "assistant", "content": answer.content})
+    proxy.flush()
+    db = proxy.state.archive._db
+    # 1 system + 20 user + 20 assistant answers: the answers recorded from responses are the same
+    # nodes the client resends, so nothing is stored twice (20 requests x ~20 messages = ~400 sent).
+    assert db["messages"].count == 41
+    assert db["exchanges"].count == 20
+    reader = ArchiveReader(proxy.data_dir / "archive.db")
+    sessions = reader.sessions()
+    assert len(sessions) == 1 and sessions[0]["turns"] == 20
+    assert reader.conversation(sessions[0]["session_id"]) == messages
+
+
+def test_exchange_rows_carry_usage_tokens_and_session(proxy, fake_upstream):
+    client = proxy.client()
+    client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}],
+                                   extra_headers={"x-ctxproxy-session": "my-session"})
+    proxy.flush()
+    row = next(proxy.state.archive._db.query("select * from exchanges"))
+    assert row["session_id"] == "my-session" and row["session_source"] == "header"
+    assert row["status"] == 200 and row["stream"] == 0 and row["gate"] == "pass"
+    assert row["prompt_tokens"] == 11 and row["cached_tokens"] == 5
+    assert row["tokens_before"] > 0 and row["response_id"] == "chatcmpl-fake"
+    assert row["latency_ms"] >= row["upstream_ms"] > 0
+
+
+def test_streamed_answer_is_recorded_as_one_message(proxy, fake_upstream):
+    stream = proxy.client().chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "stream please"}], stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "echo: stream please"
+    proxy.flush()
+    reader = ArchiveReader(proxy.data_dir / "archive.db")
+    [session] = reader.sessions()
+    conversation = reader.conversation(session["session_id"])
+    assert conversation[-1] == {"role": "assistant", "content": "echo: stream please"}
+
+
+def test_failed_exchange_is_still_recorded(proxy, fake_upstream):
+    fake_upstream.then(Step(kind="error", status=503, body=b'{"error":{"message":"overloaded"}}'))
+    response = httpx.post(f"{proxy.url}/v1/chat/completions",
+                          json={"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]})
+    assert response.status_code == 503
+    proxy.flush()
+    row = next(proxy.state.archive._db.query("select status, error, request_leaf from exchanges"))
+    assert row["status"] == 503 and "overloaded" in row["error"]
+    assert row["request_leaf"]
+
+
+def test_archive_is_private_and_holds_no_api_key(proxy, fake_upstream):
+    secret = "sk-live-SECRET-0123456789"
+    proxy.client(api_key=secret).chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+    proxy.flush()
+    path = proxy.data_dir / "archive.db"
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    for candidate in path.parent.iterdir():
+        assert secret.encode() not in candidate.read_bytes()
+        assert b"SECRET-0123456789" not in candidate.read_bytes()
+
+
+def test_search_finds_archived_text(proxy, fake_upstream):
+    proxy.client().chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "the deploy failed with ERR_QUOTA_42"}])
+    proxy.flush()
+    reader = ArchiveReader(proxy.data_dir / "archive.db")
+    hits = reader.search("ERR_QUOTA_42 deploy")
+    assert hits and "[ERR_QUOTA_42]" in hits[0]["snippet"]
+    assert reader.search('"unbalanced AND (') == []  # user text is never FTS syntax
+
+
+# ------------------------------------------------------------------- property: exact reconstruction
+
+json_scalar = st.one_of(st.none(), st.booleans(), st.integers(-2**53, 2**53),
+                        st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=40))
+extra_field = st.dictionaries(st.text(min_size=1, max_size=8).filter(lambda k: k not in ("role", "content")),
+                              json_scalar, max_size=2)
+message = st.builds(lambda role, content, extra: {"role": role, "content": content, **extra},
+                    st.sampled_from(["system", "user", "assistant", "tool"]),
+                    st.one_of(st.text(max_size=200), st.none()), extra_field)
+request = st.fixed_dictionaries({"model": st.sampled_from(["gpt-4o", "claude-3-5-sonnet"]),
+                                 "messages": st.lists(message, min_size=1, max_size=12)},
+                                optional={"temperature": st.floats(0, 2), "x_unknown": json_scalar})
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(bodies=st.lists(request, min_size=1, max_size=4))
+def test_archive_reconstructs_every_request_exactly(tmp_path_factory, bodies):
+    path = tmp_path_factory.mktemp("archive") / "archive.db"
+    writer = ArchiveWriter(path)
+    records = []
+    for index, body in enumerate(bodies):
+        record = ExchangeRecord(
+            id=f"ex{index}", created_at=utc_now(), session_id="s", session_source="header", tenant="t",
+            policy="default", route="chat/completions", model=body["model"], stream=False,
+            request_messages=body["messages"], params={k: v for k, v in body.items() if k != "messages"},
+            status=200, response_body=b'{"choices":[{"message":{"role":"assistant","content":"ok"}}]}')
+        writer.submit(record)
+        records.append(record)
+    writer.close()
+    reader = ArchiveReader(path)
+    for record, body in zip(records, bodies, strict=True):
+        row = next(reader.db.query("select * from exchanges where id = ?", [record.id]))
+        rebuilt = orjson.loads(row["params"]) | {"messages": reader.chain(row["request_leaf"])}
+        assert rebuilt == body
+        assert list(rebuilt["messages"]) == body["messages"]
+    reader.close()

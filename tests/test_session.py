@@ -1,0 +1,69 @@
+"""The ranked session resolver."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from proxy.errors import BadRequest
+from proxy.session import fingerprint, resolve_session, tenant_of
+
+SYSTEM = {"role": "system", "content": "You are a coding agent."}
+
+
+def body(*messages, **extra):
+    return {"model": "gpt-4o", "messages": list(messages), **extra}
+
+
+def test_ranking_header_then_metadata_then_agent_header_then_user_then_fingerprint():
+    full = body(SYSTEM, {"role": "user", "content": "fix"}, metadata={"session_id": "meta-1"}, user="u-7")
+    top = resolve_session({"x-ctxproxy-session": "h-1", "x-session-id": "a"}, full, "t")
+    assert (top.id, top.source) == ("h-1", "header")
+    assert resolve_session({"x-session-id": "agent-9"}, full, "t").id == "meta-1"
+    assert resolve_session({"x-session-id": "agent-9"}, full, "t").source == "metadata"
+    no_meta = body(SYSTEM, {"role": "user", "content": "fix"}, user="u-7")
+    assert resolve_session({"x-session-id": "agent-9"}, no_meta, "t").source == "agent-header:x-session-id"
+    assert resolve_session({}, no_meta, "t").source == "user"
+    assert resolve_session({}, body(SYSTEM, {"role": "user", "content": "fix"}), "t").source == "fingerprint"
+
+
+def test_shared_system_prompt_does_not_collide():
+    first = resolve_session({}, body(SYSTEM, {"role": "user", "content": "task A"}), "t")
+    second = resolve_session({}, body(SYSTEM, {"role": "user", "content": "task B"}), "t")
+    assert first.id != second.id
+
+
+def test_resent_and_extended_history_keeps_its_session():
+    opening = [SYSTEM, {"role": "user", "content": "task A"}]
+    later = [*opening, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
+    assert fingerprint(opening, "t") == fingerprint(later, "t") == fingerprint(list(opening), "t")
+
+
+def test_tenants_do_not_share_fingerprints():
+    messages = [SYSTEM, {"role": "user", "content": "task A"}]
+    assert fingerprint(messages, tenant_of({"authorization": "Bearer a"})) != \
+        fingerprint(messages, tenant_of({"authorization": "Bearer b"}))
+
+
+def test_tenant_is_a_hash_not_the_key():
+    tenant = tenant_of({"authorization": "Bearer sk-secret"})
+    assert "sk-secret" not in tenant and len(tenant) == 24
+    assert tenant_of({}) == "anonymous"
+
+
+def test_free_form_client_ids_are_hashed_and_bad_header_is_rejected():
+    odd = resolve_session({}, body(SYSTEM, metadata={"session_id": "has spaces / slashes"}), "t")
+    assert odd.id.startswith("meta-") and "/" not in odd.id
+    with pytest.raises(BadRequest):
+        resolve_session({"x-ctxproxy-session": "../../etc"}, body(SYSTEM), "t")
+
+
+def test_session_header_and_source_through_the_server(proxy, fake_upstream):
+    messages = [SYSTEM, {"role": "user", "content": "task A"}]
+    first = httpx.post(f"{proxy.url}/v1/chat/completions", json=body(*messages))
+    messages += [{"role": "assistant", "content": "echo: task A"}, {"role": "user", "content": "next"}]
+    second = httpx.post(f"{proxy.url}/v1/chat/completions", json=body(*messages))
+    assert first.headers["x-ctxproxy-session"] == second.headers["x-ctxproxy-session"]
+    bad = httpx.post(f"{proxy.url}/v1/chat/completions", json=body(*messages),
+                     headers={"x-ctxproxy-session": "bad id!"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "x-ctxproxy-session"
