@@ -7,7 +7,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,14 +19,16 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from proxy import pipeline
-from proxy.archive import ArchiveWriter, ExchangeRecord, utc_now
+from proxy import pipeline, rounds
+from proxy.archive import ArchiveReader, ArchiveWriter, ExchangeRecord, utc_now
 from proxy.config import Config
-from proxy.errors import BadRequest, CtxProxyError, PayloadTooLarge
+from proxy.errors import BadRequest, ContextLengthExceeded, CtxProxyError, PayloadTooLarge
+from proxy.internal_tools import ToolContext
 from proxy.metrics import Metrics
 from proxy.policy import LoadedPolicy, PolicyStore
 from proxy.session import Session, resolve_session, tenant_of
-from proxy.tokens import TokenCounter
+from proxy.state import StateStore
+from proxy.tokens import TokenCounter, model_window
 from proxy.upstream import ClientDisconnected, Upstream, response_headers, unless_disconnected
 
 log = logging.getLogger("ctxproxy")
@@ -43,6 +45,7 @@ class ProxyState:
     archive: ArchiveWriter
     tokens: TokenCounter
     metrics: Metrics
+    store: StateStore
 
 
 # ------------------------------------------------------------------------------------ chat path
@@ -57,43 +60,53 @@ async def chat_completions(request: Request) -> Response:
     session = resolve_session(request.headers, body, tenant)
 
     conversation = pipeline.Conversation(str(body.get("model") or ""), body["messages"], body.get("tools"))
-    outcome = pipeline.run(conversation, pipeline.PipelineContext(policy, session, tenant, state.tokens))
-    content = raw if not outcome.changed else rewritten_body(body, outcome)
-
-    record = new_record(request, body, policy, session, tenant, outcome)
-    ours = ctxproxy_headers(session, policy, outcome)
-    state.metrics.gate.labels(policy.name, outcome.gate).inc()
-    headers = state.upstream.request_headers(request.headers, identity=True)
-    upstream_started = time.perf_counter()
+    context = pipeline.PipelineContext(policy, session, tenant, state.tokens, state.store,
+                                       state.config.data_dir / "checkpoints")
     try:
-        if record.stream:
+        outcome = pipeline.run(conversation, context)
+    except ContextLengthExceeded as refusal:
+        return refused(state, request, body, policy, session, tenant, refusal, started)
+    content = raw if not outcome.changed else rewritten_body(body, outcome)
+    state.metrics.gate.labels(policy.name, outcome.gate).inc()
+    ours = ctxproxy_headers(session, policy, outcome)
+    headers = state.upstream.request_headers(request.headers, identity=True)
+    query = request.url.query.encode()
+    stream = body.get("stream") is True
+    rc = rounds_context(state, request, body, conversation, outcome, context, headers, content)
+
+    def done() -> None:
+        finish(state, rc.records, started, policy.name)
+
+    try:
+        if stream:
             response = await unless_disconnected(
-                state.upstream.open("POST", "/" + CHAT_ROUTE, request.url.query.encode(), headers, content),
-                request.receive)
+                state.upstream.open("POST", "/" + CHAT_ROUTE, query, headers, content), request.receive)
+        elif outcome.internal_tools:
+            response, payload = await unless_disconnected(rounds.complete(rc), request.receive)
         else:
             response, payload = await unless_disconnected(
-                open_and_read(state.upstream, headers, content, request.url.query.encode()), request.receive)
+                open_and_read(state.upstream, headers, content, query, rc), request.receive)
     except (CtxProxyError, ClientDisconnected) as exc:
-        record.status = exc.status if isinstance(exc, CtxProxyError) else 499
-        record.error = exc.message if isinstance(exc, CtxProxyError) else "client disconnected"
-        finish(state, record, started, upstream_started, policy.name)
-        if isinstance(exc, ClientDisconnected):
-            return Response(status_code=499)
-        return error_response(exc, ours)
-    upstream_elapsed = time.perf_counter() - upstream_started
-    record.status = response.status_code
-    record.upstream_ms = upstream_elapsed * 1000
+        failed = rc.records[-1] if rc.records else rc.new_record(outcome.messages, None)
+        failed.status = exc.status if isinstance(exc, CtxProxyError) else 499
+        failed.error = exc.message if isinstance(exc, CtxProxyError) else "client disconnected"
+        rc.records[-1:] = [failed]
+        done()
+        return Response(status_code=499) if isinstance(exc, ClientDisconnected) else error_response(exc, ours)
 
-    if record.stream:
-        state.metrics.added_seconds.labels(CHAT_ROUTE).observe(upstream_started - started)
-        relay = relay_stream(response, record, lambda: finish(state, record, started, upstream_started,
-                                                                policy.name, streamed=True))
-        return StreamingResponse(relay, status_code=response.status_code,
-                                 headers=response_headers(response.headers, keep_length=False) | ours)
-    record.response_body = payload
-    finish(state, record, started, upstream_started, policy.name)
-    return Response(payload, status_code=response.status_code,
-                    headers=response_headers(response.headers, keep_length=False) | ours)
+    relayed = response_headers(response.headers, keep_length=False) | ours
+    if not stream:
+        done()
+        return Response(payload, status_code=response.status_code, headers=relayed)
+    state.metrics.added_seconds.labels(CHAT_ROUTE).observe(time.perf_counter() - started)
+    if outcome.internal_tools and response.status_code == 200:
+        events = rounds.stream(rc, response)
+    else:
+        rc.records.append(rc.new_record(outcome.messages, None))
+        rc.records[-1].status = response.status_code
+        events = relay_stream(response, rc.records[-1])
+    return StreamingResponse(archived(events, rc.records, done), status_code=response.status_code,
+                             headers=relayed)
 
 
 def select_policy(request: Request, store: PolicyStore) -> LoadedPolicy:
@@ -148,15 +161,54 @@ def rewritten_body(body: dict[str, Any], outcome: pipeline.Outcome) -> bytes:
     return orjson.dumps(updated)
 
 
-def new_record(request: Request, body: dict[str, Any], policy: LoadedPolicy, session: Session,
-               tenant: str, outcome: pipeline.Outcome) -> ExchangeRecord:
-    return ExchangeRecord(
+def rounds_context(state: ProxyState, request: Request, body: dict[str, Any],
+                   conversation: pipeline.Conversation, outcome: pipeline.Outcome,
+                   context: pipeline.PipelineContext, headers: dict[str, str],
+                   content: bytes) -> rounds.RoundsContext:
+    """Everything an exchange needs past the pipeline: upstream call(s) and their archive records."""
+    model, tokens = conversation.model, state.tokens
+    layer1 = context.policy.policy.tool_results
+
+    def new_record(forwarded: list[dict[str, Any]], _gate: Any) -> ExchangeRecord:
+        changed = forwarded is not body["messages"]
+        return ExchangeRecord(
+            id=uuid.uuid4().hex, created_at=utc_now(), session_id=context.session.id,
+            session_source=context.session.source, tenant=context.tenant, policy=context.policy.name,
+            route=CHAT_ROUTE, model=body.get("model"), stream=body.get("stream") is True,
+            request_messages=body["messages"], params={k: v for k, v in body.items() if k != "messages"},
+            forwarded_messages=forwarded if changed else None, tokens_before=outcome.tokens_before,
+            tokens_after=outcome.tokens_after if forwarded is outcome.messages
+            else tokens.request(forwarded, outcome.tools, model), gate=outcome.gate)
+
+    return rounds.RoundsContext(
+        upstream=state.upstream, path="/" + CHAT_ROUTE, query=request.url.query.encode(), headers=headers,
+        body=body, original=body["messages"], forwarded=outcome.messages, tools=outcome.tools,
+        first_content=content,
+        tool_context=ToolContext(state.store, context.tenant, context.session.id, layer1.read_page_chars),
+        max_rounds=layer1.max_internal_rounds, window=outcome.window or 10**9,
+        pad_pct=context.policy.policy.budget.pad_pct,
+        gate=lambda original, forwarded, protected: pipeline.gate_round(
+            original, forwarded, outcome.tools, model, context, protected),
+        count=lambda messages, tools: tokens.request(messages, tools, model),
+        new_record=new_record, submit=state.archive.submit)
+
+
+def refused(state: ProxyState, request: Request, body: dict[str, Any], policy: LoadedPolicy,
+            session: Session, tenant: str, refusal: ContextLengthExceeded, started: float) -> Response:
+    """The gate refused: archive the attempt and answer like a provider would (400)."""
+    record = ExchangeRecord(
         id=uuid.uuid4().hex, created_at=utc_now(), session_id=session.id, session_source=session.source,
         tenant=tenant, policy=policy.name, route=CHAT_ROUTE, model=body.get("model"),
         stream=body.get("stream") is True, request_messages=body["messages"],
-        params={k: v for k, v in body.items() if k != "messages"},
-        forwarded_messages=outcome.messages if outcome.changed else None,
-        tokens_before=outcome.tokens_before, tokens_after=outcome.tokens_after, gate=outcome.gate)
+        params={k: v for k, v in body.items() if k != "messages"}, status=refusal.status, gate="refuse",
+        tokens_before=refusal.extra.get("estimated_tokens"), error=refusal.message)
+    state.metrics.gate.labels(policy.name, "refuse").inc()
+    finish(state, [record], started, policy.name)
+    headers = {"x-ctxproxy-session": session.id, "x-ctxproxy-policy": policy.name,
+               "x-ctxproxy-gate": "refuse",
+               "x-ctxproxy-tokens-before": str(refusal.extra.get("estimated_tokens", "")),
+               "x-ctxproxy-tokens-after": "0"}
+    return error_response(refusal, headers)
 
 
 def ctxproxy_headers(session: Session, policy: LoadedPolicy, outcome: pipeline.Outcome) -> dict[str, str]:
@@ -169,43 +221,59 @@ def ctxproxy_headers(session: Session, policy: LoadedPolicy, outcome: pipeline.O
     }
 
 
-async def open_and_read(upstream: Upstream, headers: dict[str, str], content: bytes,
-                        query: bytes) -> tuple[httpx.Response, bytes]:
+async def open_and_read(upstream: Upstream, headers: dict[str, str], content: bytes, query: bytes,
+                        rc: rounds.RoundsContext) -> tuple[httpx.Response, bytes]:
+    record = rc.new_record(rc.forwarded, None)
+    rc.records.append(record)
+    upstream_started = time.perf_counter()
     response = await upstream.open("POST", "/" + CHAT_ROUTE, query, headers, content)
-    return response, await Upstream.read(response, upstream.base_url)
+    record.status = response.status_code
+    record.response_body = await Upstream.read(response, upstream.base_url)
+    record.upstream_ms = (time.perf_counter() - upstream_started) * 1000
+    return response, record.response_body
 
 
-async def relay_stream(response: httpx.Response, record: ExchangeRecord, on_done) -> AsyncIterator[bytes]:
-    """Relay upstream bytes as they arrive; keep a copy for the archive; always close upstream."""
+async def relay_stream(response: httpx.Response, record: ExchangeRecord) -> AsyncIterator[bytes]:
+    """Relay upstream bytes as they arrive and keep a copy for the archive."""
     try:
         async for chunk in response.aiter_raw():
             record.response_chunks.append(chunk)
             yield chunk
     except httpx.HTTPError as exc:
         record.error = f"upstream stream broke off: {exc or type(exc).__name__}"
-    except BaseException:
-        record.error = "client disconnected during the stream"
-        raise
     finally:
         with anyio.CancelScope(shield=True):
             await response.aclose()
+
+
+async def archived(events: AsyncIterator[bytes], records: list[ExchangeRecord],
+                   on_done: Callable[[], None]) -> AsyncIterator[bytes]:
+    """Wrap a stream so its exchanges are archived however it ends (done, failed, client gone)."""
+    try:
+        async for event in events:
+            yield event
+    except BaseException:
+        if records and not records[-1].error:
+            records[-1].error = "client disconnected during the stream"
+        raise
+    finally:
         on_done()
 
 
-def finish(state: ProxyState, record: ExchangeRecord, started: float, upstream_started: float,
-           policy: str, *, streamed: bool = False) -> None:
-    """Account for the exchange and hand it to the archive writer (never blocks)."""
-    now = time.perf_counter()
-    record.latency_ms = (now - started) * 1000
-    if not streamed:
-        upstream_s = record.upstream_ms / 1000
-        state.metrics.added_seconds.labels(CHAT_ROUTE).observe(max(0.0, now - started - upstream_s))
-    state.metrics.upstream_seconds.labels(CHAT_ROUTE).observe(record.upstream_ms / 1000)
-    state.metrics.requests.labels(CHAT_ROUTE, str(record.status), policy).inc()
-    if record.tokens_before is not None:
-        state.metrics.tokens_before.labels(policy).inc(record.tokens_before)
-        state.metrics.tokens_after.labels(policy).inc(record.tokens_after or 0)
-    state.archive.submit(record)
+def finish(state: ProxyState, records: list[ExchangeRecord], started: float, policy: str) -> None:
+    """Account for the exchange(s) and hand them to the archive writer (never blocks)."""
+    elapsed = time.perf_counter() - started
+    upstream_s = sum(r.upstream_ms for r in records) / 1000
+    if records and not records[0].stream:
+        state.metrics.added_seconds.labels(CHAT_ROUTE).observe(max(0.0, elapsed - upstream_s))
+    for record in records:
+        record.latency_ms = elapsed * 1000
+        state.metrics.upstream_seconds.labels(CHAT_ROUTE).observe(record.upstream_ms / 1000)
+        state.metrics.requests.labels(CHAT_ROUTE, str(record.status), policy).inc()
+        state.archive.submit(record)
+    if records and records[0].tokens_before is not None:
+        state.metrics.tokens_before.labels(policy).inc(records[0].tokens_before)
+        state.metrics.tokens_after.labels(policy).inc(records[-1].tokens_after or 0)
 
 
 # ------------------------------------------------------------------------------- other routes
@@ -278,6 +346,16 @@ async def handle_client_disconnect(request: Request, exc: Exception) -> Response
     return Response(status_code=499)
 
 
+def warm_up(tokens: TokenCounter, policies: PolicyStore) -> None:
+    """Load encodings (and litellm's window map when a policy needs it) before the first request."""
+    tokens.warm()
+    for name in policies.names():
+        budget = policies.get(name).policy.budget
+        if budget.enabled and budget.max_input_tokens is None:
+            model_window("gpt-4o")
+            break
+
+
 def build_app(config: Config, *, transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
     """Create the ASGI app. `transport` is the test seam for the upstream (as in httpx)."""
     policies = PolicyStore(config.policies_dir)
@@ -288,16 +366,20 @@ def build_app(config: Config, *, transport: httpx.AsyncBaseTransport | None = No
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         tokens = TokenCounter()
-        tokens.warm()
+        await anyio.to_thread.run_sync(warm_up, tokens, policies)
+        archive = ArchiveWriter(config.data_dir / "archive.db")
+        reader = ArchiveReader(config.data_dir / "archive.db")
         app.state.proxy = ProxyState(
             config=config, policies=policies,
             upstream=Upstream(config.upstream, config.upstream_api_key(), transport=transport),
-            archive=ArchiveWriter(config.data_dir / "archive.db"), tokens=tokens, metrics=Metrics())
+            archive=archive, tokens=tokens, metrics=Metrics(),
+            store=StateStore(persist=archive.submit, lookup=reader))
         try:
             yield
         finally:
             await app.state.proxy.upstream.aclose()
-            app.state.proxy.archive.close()
+            archive.close()
+            reader.close()
 
     chat_methods = ["POST"]
     any_method = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]

@@ -28,6 +28,7 @@ log = logging.getLogger("ctxproxy.archive")
 
 BATCH_MAX = 256
 _SEEN_LIMIT = 500_000
+_SESSION_CHAINS = 2000
 
 
 def utc_now() -> str:
@@ -59,6 +60,15 @@ class ExchangeRecord:
     response_body: bytes | None = None
     response_chunks: list[bytes] = field(default_factory=list)
     error: str | None = None
+
+
+@dataclass
+class TableRow:
+    """A row for a side table (tool results, tickets), written by the same background writer."""
+
+    table: str
+    row: dict[str, Any]
+    replace: bool = True
 
 
 def open_database(path: Path) -> Database:
@@ -101,12 +111,13 @@ class ArchiveWriter:
         self.path = path
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._seen: set[str] = set()
+        self._last_chain: dict[tuple[str, str, str], tuple[list[Any], list[str]]] = {}
         self._db = open_database(path)
         self._thread = threading.Thread(target=self._run, name="ctxproxy-archive", daemon=True)
         self._thread.start()
 
-    def submit(self, record: ExchangeRecord) -> None:
-        self._queue.put(record)
+    def submit(self, item: ExchangeRecord | TableRow) -> None:
+        self._queue.put(item)
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Block until everything submitted so far is committed (for shutdown, the CLI and tests)."""
@@ -127,24 +138,49 @@ class ArchiveWriter:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            records = [item for item in batch if isinstance(item, ExchangeRecord)]
+            records = [item for item in batch if isinstance(item, ExchangeRecord | TableRow)]
             if records:
                 try:
                     with self._db.atomic():
                         for record in records:
-                            self._write(record)
-                except Exception:  # never let one bad record kill the writer
-                    log.exception("archive: failed to write %d exchange(s)", len(records))
+                            self._write_item(record)
+                except Exception:
+                    # One bad item must not lose the batch: retry them one by one. Nodes remembered
+                    # as written were rolled back, so forget them.
+                    self._seen.clear()
+                    self._last_chain.clear()
+                    for record in records:
+                        try:
+                            with self._db.atomic():
+                                self._write_item(record)
+                        except Exception:
+                            log.exception("archive: could not write %s", type(record).__name__)
             for item in batch:
                 if isinstance(item, threading.Event):
                     item.set()
             if any(item is None for item in batch):
                 return
 
-    def _store_chain(self, messages: list[Any], record: ExchangeRecord) -> str:
-        parent = f"tenant:{record.tenant}"
+    def _write_item(self, item: ExchangeRecord | TableRow) -> None:
+        if isinstance(item, TableRow):
+            self._db[item.table].insert(item.row, replace=item.replace)
+        else:
+            self._write(item)
+
+    def _store_chain(self, messages: list[Any], record: ExchangeRecord, kind: str = "request") -> str:
+        # Agents resend the whole history every turn: reuse the ids of the prefix this session sent
+        # last time (a dict comparison is far cheaper than serializing and hashing it again).
+        key = (record.tenant, record.session_id, kind)
+        previous, previous_ids = self._last_chain.get(key, ([], []))
+        shared = 0
+        for old, new in zip(previous, messages, strict=False):
+            if old != new:
+                break
+            shared += 1
+        ids = previous_ids[:shared]
+        parent = ids[-1] if ids else f"tenant:{record.tenant}"
         rows = []
-        for message in messages:
+        for message in messages[shared:]:
             body = orjson.dumps(message)
             node = message_id(parent, body)
             if node not in self._seen:
@@ -156,8 +192,12 @@ class ArchiveWriter:
                 })
                 self._remember(node)
             parent = node
+            ids.append(node)
         if rows:
             self._db["messages"].insert_all(rows, ignore=True)
+        if len(self._last_chain) >= _SESSION_CHAINS:
+            self._last_chain.clear()
+        self._last_chain[key] = (messages, ids)
         return parent
 
     def _remember(self, node: str) -> None:
@@ -169,7 +209,7 @@ class ArchiveWriter:
         request_leaf = self._store_chain(record.request_messages, record)
         forwarded_leaf = request_leaf
         if record.forwarded_messages is not None:
-            forwarded_leaf = self._store_chain(record.forwarded_messages, record)
+            forwarded_leaf = self._store_chain(record.forwarded_messages, record, "forwarded")
         row: dict[str, Any] = {
             "id": record.id, "created_at": record.created_at, "session_id": record.session_id,
             "session_source": record.session_source, "tenant": record.tenant, "policy": record.policy,
@@ -297,6 +337,14 @@ class ArchiveReader:
                        bm25(messages_fts) as rank
                 from messages_fts join messages on messages.rowid = messages_fts.rowid
                 where {' and '.join(where)} order by rank limit ?""", params))
+
+    def tool_result_rows(self, tenant: str, session_id: str) -> list[dict[str, Any]]:
+        return list(self.db.query("select * from tool_results where tenant = ? and session_id = ? "
+                                  "order by created_at, rowid", [tenant, session_id]))
+
+    def tool_result_by_handle(self, tenant: str, handle: str) -> dict[str, Any] | None:
+        return next(self.db.query("select * from tool_results where tenant = ? and handle = ? "
+                                  "order by created_at desc limit 1", [tenant, handle]), None)
 
     def close(self) -> None:
         self.db.close()

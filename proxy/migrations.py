@@ -36,3 +36,20 @@ def m001_messages_and_exchanges(db: Database) -> None:
 
 def apply(db: Database) -> None:
     migrations.apply(db)
+
+
+@migrations()
+def m002_tool_results_and_tickets(db: Database) -> None:
+    # Verbatim originals of replaced tool results, and the replacement each got (sticky across restarts).
+    db["tool_results"].create(
+        {"tenant": str, "session_id": str, "handle": str, "call_id": str, "content_hash": str,
+         "tool_name": str, "content": str, "replacement": str, "kind": str, "created_at": str},
+        pk=("tenant", "session_id", "handle"),
+    )
+    db["tool_results"].create_index(["tenant", "handle"])
+    # A refusal leaves a decompose-required ticket pointing at its checkpoint.
+    db["tickets"].create(
+        {"id": str, "created_at": str, "tenant": str, "session_id": str, "kind": str, "severity": str,
+         "checkpoint_id": str, "estimated_tokens": int, "max_input_tokens": int, "message": str},
+        pk="id",
+    )

@@ -1,12 +1,24 @@
-"""The layers, in order: each takes the conversation and returns the rewritten one."""
+"""The layers in order. Each takes the conversation and returns the rewritten one; none talks HTTP.
+
+    tool-result summaries (layer 1) → internal tools offered → budget gate (layer 2: prune / refuse)
+"""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from proxy import budget
+from proxy.archive import TableRow, utc_now
+from proxy.checkpoint import write_checkpoint
+from proxy.errors import ContextLengthExceeded
+from proxy.internal_tools import client_defines_internal_name, with_internal_tools
+from proxy.layers.tool_results import summarize_large
 from proxy.policy import LoadedPolicy
 from proxy.session import Session
+from proxy.state import StateStore
 from proxy.tokens import TokenCounter
 
 
@@ -26,7 +38,9 @@ class Outcome:
     changed: bool
     tokens_before: int
     tokens_after: int
-    gate: str = "pass"
+    gate: str = budget.PASS
+    window: int = 0
+    internal_tools: bool = False
 
 
 @dataclass
@@ -35,9 +49,71 @@ class PipelineContext:
     session: Session
     tenant: str
     tokens: TokenCounter
+    store: StateStore
+    checkpoints_dir: Path | None = None  # None: refusals write no file (replay)
 
 
 def run(conversation: Conversation, context: PipelineContext) -> Outcome:
-    before = context.tokens.request(conversation.messages, conversation.tools, conversation.model)
-    return Outcome(conversation.messages, conversation.tools, changed=False,
-                   tokens_before=before, tokens_after=before)
+    policy, model, tokens = context.policy.policy, conversation.model, context.tokens
+    state = context.store.get(context.tenant, context.session.id)
+    before = tokens.request(conversation.messages, conversation.tools, model)
+
+    def count(message: dict[str, Any]) -> int:
+        return tokens.message(message, model)
+
+    # A client tool named like ours means we cannot offer read_tool_result: then summarize nothing.
+    can_offer_tools = not client_defines_internal_name(conversation.tools)
+    layer1 = policy.tool_results
+    messages = summarize_large(conversation.messages, state, context.store, count, layer1.threshold_tokens,
+                               enabled=layer1.enabled and can_offer_tools)
+    tools = _tools_for(conversation.tools, state.by_handle.keys(), can_offer_tools)
+    total = tokens.request(messages, tools, model)
+
+    result = budget.check(conversation.messages, messages, policy, model, state, context.store, count, total)
+    offered = _tools_for(conversation.tools, state.by_handle.keys(), can_offer_tools)
+    total = result.tokens if offered is tools else tokens.request(result.messages, offered, model)
+    tools = offered
+    if result.gate == budget.REFUSE or (policy.budget.enabled and result.window and
+                                        budget.padded(total, policy.budget.pad_pct) >= result.window):
+        refuse(conversation, context, result)
+    return Outcome(result.messages, tools, changed=result.messages is not conversation.messages
+                   or tools is not conversation.tools, tokens_before=before, tokens_after=total,
+                   gate=result.gate, window=result.window, internal_tools=tools is not conversation.tools)
+
+
+def gate_round(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], tools: list[Any] | None,
+               model: str, context: PipelineContext, protected: frozenset[str]) -> budget.GateResult:
+    """Gate an internal round, whose forwarded list ends with internal calls and their results."""
+    tokens = context.tokens
+    state = context.store.get(context.tenant, context.session.id)
+    total = tokens.request(forwarded, tools, model)
+    result = budget.check(original, forwarded, context.policy.policy, model, state, context.store,
+                          lambda m: tokens.message(m, model), total, protected)
+    if result.gate == budget.REFUSE:
+        refuse(Conversation(model, original, tools), context, result)
+    return result
+
+
+def _tools_for(client_tools: list[Any] | None, handles: Any, can_offer: bool) -> list[Any] | None:
+    """Offer read_tool_result from the first replaced result of the session on (sticky)."""
+    return with_internal_tools(client_tools) if can_offer and handles else client_tools
+
+
+def refuse(conversation: Conversation, context: PipelineContext, result: budget.GateResult) -> None:
+    checkpoint_id = "ckpt-" + uuid.uuid4().hex
+    budget_policy = context.policy.policy.budget
+    message = (f"The conversation needs ~{result.estimated} input tokens after pruning, over the "
+               f"{result.window}-token window of {conversation.model or 'the model'}. Shorten or split the "
+               f"task (checkpoint {checkpoint_id}).")
+    if context.checkpoints_dir is not None:
+        write_checkpoint(context.checkpoints_dir, checkpoint_id, model=conversation.model,
+                         estimated_tokens=result.estimated, max_input_tokens=result.window,
+                         messages=result.messages, redact_secrets=budget_policy.checkpoint_redact_secrets)
+        context.store.persist(TableRow("tickets", {
+            "id": checkpoint_id, "created_at": utc_now(), "tenant": context.tenant,
+            "session_id": context.session.id, "kind": "decompose-required", "severity": "critical",
+            "checkpoint_id": checkpoint_id, "estimated_tokens": result.estimated,
+            "max_input_tokens": result.window, "message": message}))
+    raise ContextLengthExceeded(message, extra={"checkpoint_id": checkpoint_id,
+                                                "estimated_tokens": result.estimated,
+                                                "max_input_tokens": result.window})

@@ -29,6 +29,9 @@ class ToolResultsPolicy(_Section):
     summarizer_model: str | None = None
     keep_recent: int = Field(3, ge=0)
     prune_at_pct: float = Field(0.80, ge=0.0, le=1.0)
+    summarizer_timeout_s: float = Field(20.0, gt=0)
+    max_internal_rounds: int = Field(6, ge=1, le=50)
+    read_page_chars: int = Field(24_000, ge=1000)
 
 
 class BudgetPolicy(_Section):
@@ -39,11 +42,15 @@ class BudgetPolicy(_Section):
     pad_pct: float = Field(0.05, ge=0.0, le=1.0)
     keep_recent: int = Field(3, ge=0)
     checkpoint_redact_secrets: bool = True
+    # Prune in one batch down to this share of the window, so the next turns do not prune again.
+    prune_to_pct: float = Field(0.50, gt=0.0, le=1.0)
 
     @model_validator(mode="after")
     def _bands_in_order(self) -> BudgetPolicy:
         if self.soft_warn_at_pct > self.prune_at_pct:
             raise ValueError("soft_warn_at_pct must not exceed prune_at_pct")
+        if self.prune_to_pct > self.prune_at_pct:
+            raise ValueError("prune_to_pct must not exceed prune_at_pct")
         return self
 
 

@@ -116,10 +116,14 @@ class TokenCounter:
 
 
 def _message_key(message: dict[str, Any]) -> Any:
+    """Only the fields that are counted, as a tuple: big strings are hashed once, never re-serialized."""
     content = message.get("content")
-    if isinstance(content, str) and len(message) <= 2:
-        return (message.get("role"), content)
-    return orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
+    if not isinstance(content, str) and content is not None:
+        content = orjson.dumps(content)
+    calls = message.get("tool_calls")
+    name, call_id = message.get("name"), message.get("tool_call_id")
+    return (str(message.get("role")), content, None if name is None else str(name),
+            None if call_id is None else str(call_id), orjson.dumps(calls) if calls else None)
 
 
 def _count_message(message: dict[str, Any], count: Callable[[str], int]) -> int:

@@ -1,0 +1,123 @@
+"""Tools the proxy adds to the request and answers itself; the client never sees their calls."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.state import StateStore
+
+READ_TOOL_RESULT = "read_tool_result"
+INTERNAL_NAMES = frozenset({READ_TOOL_RESULT})
+HANDLE = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}(#[0-9]{1,6})?$")
+
+READ_TOOL_RESULT_SPEC: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": READ_TOOL_RESULT,
+        "description": (
+            "Return the original, verbatim output of an earlier tool call that was replaced by a summary "
+            "(summaries say so and name the call_id). Long outputs come in pages of lines; pass "
+            "start_line/end_line (1-based, inclusive) to read a specific range."),
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "call_id": {"type": "string", "description": "The call_id named in the summary."},
+                "start_line": {"type": "integer", "minimum": 1},
+                "end_line": {"type": "integer", "minimum": 1},
+            },
+            "required": ["call_id"],
+        },
+    },
+}
+
+
+def tool_name(spec: Any) -> str | None:
+    if isinstance(spec, dict):
+        function = spec.get("function")
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            return function["name"]
+    return None
+
+
+def with_internal_tools(client_tools: list[Any] | None) -> list[Any] | None:
+    """The client's tools unchanged and in order, then ours (skipped if the client has a same-named tool)."""
+    tools = list(client_tools or [])
+    if any(tool_name(spec) in INTERNAL_NAMES for spec in tools):
+        return client_tools
+    tools.append(READ_TOOL_RESULT_SPEC)
+    return tools
+
+
+def client_defines_internal_name(client_tools: list[Any] | None) -> bool:
+    return any(tool_name(spec) in INTERNAL_NAMES for spec in client_tools or ())
+
+
+def is_internal_call(call: dict[str, Any]) -> bool:
+    return tool_name(call) in INTERNAL_NAMES
+
+
+@dataclass
+class ToolContext:
+    store: StateStore
+    tenant: str
+    session_id: str
+    page_chars: int  # how much original text one call may return
+
+
+def execute(call: dict[str, Any], context: ToolContext) -> str:
+    """Answer one internal tool call; errors come back as text the model can act on."""
+    function = call.get("function") or {}
+    try:
+        arguments = orjson.loads(function.get("arguments") or "{}")
+    except orjson.JSONDecodeError:
+        return "error: arguments must be a JSON object"
+    if not isinstance(arguments, dict):
+        return "error: arguments must be a JSON object"
+    if function.get("name") == READ_TOOL_RESULT:
+        return read_tool_result(arguments, context)
+    return f"error: unknown internal tool {function.get('name')!r}"
+
+
+def read_tool_result(arguments: dict[str, Any], context: ToolContext) -> str:
+    handle = arguments.get("call_id")
+    if not isinstance(handle, str) or not HANDLE.match(handle):
+        return "error: call_id must be the id named in a summary (letters, digits, _ . : - and #n)"
+    stored = context.store.find(context.tenant, context.session_id, handle)
+    if stored is None:
+        return f"error: no stored tool result with call_id {handle!r} for this API key"
+    lines = stored.content.splitlines(keepends=True)
+    total = len(lines)
+    start = _line_arg(arguments.get("start_line"), 1)
+    end = _line_arg(arguments.get("end_line"), total)
+    if start is None or end is None:
+        return "error: start_line and end_line must be positive integers"
+    if total == 0:
+        return stored.content
+    start, end = min(start, total), min(max(end, start), total)
+    page, size = [], 0
+    for number in range(start, end + 1):
+        line = lines[number - 1]
+        if page and size + len(line) > context.page_chars:
+            break
+        page.append(line)
+        size += len(line)
+    last = start + len(page) - 1
+    body = "".join(page)
+    if start == 1 and last == total:
+        return body  # the whole original, byte for byte, nothing added
+    # Only point onwards when the page stopped short of what was asked for.
+    more = (f"; call read_tool_result(call_id={handle!r}, start_line={last + 1}) for the rest"
+            if last < end else "")
+    return f"[lines {start}-{last} of {total} of call_id={handle}{more}]\n{body}"
+
+
+def _line_arg(value: Any, default: int) -> int | None:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return None
+    return value

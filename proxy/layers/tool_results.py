@@ -1,0 +1,105 @@
+"""Layer 1: large tool results become labelled summaries; older ones can be pruned to placeholders.
+
+Every decision is recorded in the session state with the verbatim original, and re-applied identically
+on every later request, so the forwarded prefix stays byte-stable for prompt caching.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from proxy.state import SessionState, StateStore
+from proxy.summarize import gist, summarize
+
+SUMMARY = "summary"
+PLACEHOLDER = "placeholder"
+
+
+def tool_names_by_call(messages: list[dict[str, Any]]) -> dict[str, str]:
+    names: dict[str, str] = {}
+    for message in messages:
+        for call in message.get("tool_calls") or ():
+            if isinstance(call, dict) and isinstance(call.get("id"), str):
+                function = call.get("function") or {}
+                names[call["id"]] = str(function.get("name") or "")
+    return names
+
+
+def summary_text(handle: str, tool: str | None, content: str, original_tokens: int) -> str:
+    lines = content.count("\n") + 1
+    label = f" from {tool}" if tool else ""
+    return (f"[ctxproxy summary of tool result call_id={handle}{label}: original {original_tokens} tokens, "
+            f"{lines} lines. This is a summary, not the output. Get the exact original with "
+            f'read_tool_result(call_id="{handle}"), or a range with start_line/end_line.]\n'
+            f"{summarize(content, tool_name=tool)}")
+
+
+def placeholder_text(handle: str, content: str, original_tokens: int) -> str:
+    return f"[summarized: call_id={handle}] {gist(content)}; {original_tokens} tokens via read_tool_result"
+
+
+def summarize_large(messages: list[dict[str, Any]], state: SessionState, store: StateStore,
+                    count: Callable[[dict[str, Any]], int], threshold_tokens: int,
+                    enabled: bool) -> list[dict[str, Any]]:
+    """Re-apply every earlier decision, and summarize new tool results over the threshold."""
+    names: dict[str, str] | None = None
+    out = messages
+    for index, message in enumerate(messages):
+        if message.get("role") != "tool" or not isinstance(message.get("content"), str):
+            continue
+        call_id = str(message.get("tool_call_id") or "")
+        content = message["content"]
+        stored = state.lookup(call_id, content)
+        if stored is None:
+            if not enabled or (call_id, content) in state.kept or count(message) <= threshold_tokens:
+                continue
+            if names is None:
+                names = tool_names_by_call(messages)
+            tool = names.get(call_id)
+            handle = state.new_handle(call_id)
+            summary = summary_text(handle, tool, content, count(message))
+            if count({**message, "content": summary}) * 2 > count(message):
+                state.kept.add((call_id, content))  # not worth a replacement; decided once
+                continue
+            stored = store.record(state, call_id, content, tool, summary, SUMMARY)
+        if out is messages:
+            out = list(messages)
+        out[index] = {**message, "content": stored.replacement}
+    return out
+
+
+def prune(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state: SessionState,
+          store: StateStore, count: Callable[[dict[str, Any]], int], total: int, target: int,
+          keep_recent: int, protected: frozenset[str] = frozenset()) -> tuple[list[dict[str, Any]], int]:
+    """Turn older tool results into placeholders, oldest first, in one batch down to `target` tokens.
+
+    `original` and `forwarded` are index-aligned (this layer never adds or removes messages).
+    The `keep_recent` newest tool results stay as they are, and so do `protected` call ids (text the
+    model just retrieved with read_tool_result is never summarized again).
+    """
+    tool_indexes = [i for i, m in enumerate(forwarded)
+                    if m.get("role") == "tool" and isinstance(original[i].get("content"), str)
+                    and m.get("tool_call_id") not in protected]
+    candidates = tool_indexes[:-keep_recent] if keep_recent else tool_indexes
+    out = forwarded
+    names = tool_names_by_call(original)
+    for index in candidates:
+        if total <= target:
+            break
+        message = original[index]
+        call_id, content = str(message.get("tool_call_id") or ""), message["content"]
+        stored = state.lookup(call_id, content)
+        if stored is not None and stored.kind == PLACEHOLDER:
+            continue
+        handle = stored.handle if stored else state.new_handle(call_id)
+        placeholder = placeholder_text(handle, content, count(message))
+        if stored is None and len(placeholder) * 2 > len(content):
+            continue  # too small to be worth a placeholder (and a cache break)
+        stored = store.record(state, call_id, content, names.get(call_id), placeholder, PLACEHOLDER)
+        new_message = {**forwarded[index], "content": stored.replacement}
+        total += count(new_message) - count(forwarded[index])
+        if out is forwarded:
+            out = list(forwarded)
+        out[index] = new_message
+    return out, total

@@ -1,0 +1,127 @@
+"""Per-session sticky state: what was replaced and how, and the verbatim originals behind it.
+
+Replacements are decided once and then repeated byte for byte on every later request (prompt
+caching depends on it). Decisions are written through to the archive so they survive a restart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from proxy.archive import TableRow, utc_now
+
+SESSION_LIMIT = 5000
+
+
+@dataclass
+class StoredResult:
+    handle: str  # what the model passes to read_tool_result: the call id, or `id#n` when an id is reused
+    call_id: str
+    content: str
+    tool_name: str | None
+    replacement: str
+    kind: str  # summary | placeholder
+
+
+@dataclass
+class SessionState:
+    tenant: str
+    session_id: str
+    by_key: dict[tuple[str, str], StoredResult] = field(default_factory=dict)  # (call_id, content)
+    by_handle: dict[str, StoredResult] = field(default_factory=dict)
+    warned: set[str] = field(default_factory=set)
+    kept: set[tuple[str, str]] = field(default_factory=set)  # over the threshold but summaries would not help
+
+    def lookup(self, call_id: str, content: str) -> StoredResult | None:
+        return self.by_key.get((call_id, content))
+
+    def new_handle(self, call_id: str) -> str:
+        if call_id not in self.by_handle:
+            return call_id
+        n = 2
+        while f"{call_id}#{n}" in self.by_handle:
+            n += 1
+        return f"{call_id}#{n}"
+
+
+Persist = Callable[[TableRow], None]
+
+
+class Lookup(Protocol):
+    """Read access to persisted tool results (the archive reader in the server, nothing in replay)."""
+
+    def tool_result_rows(self, tenant: str, session_id: str) -> list[dict[str, Any]]: ...
+
+    def tool_result_by_handle(self, tenant: str, handle: str) -> dict[str, Any] | None: ...
+
+
+def _from_row(row: dict[str, Any]) -> StoredResult:
+    return StoredResult(row["handle"], row["call_id"], row["content"], row["tool_name"], row["replacement"],
+                        row["kind"])
+
+
+class StateStore:
+    """Session states by (tenant, session), LRU-bounded; rebuilt from the archive after a restart."""
+
+    def __init__(self, persist: Persist | None = None, lookup: Lookup | None = None) -> None:
+        self._persist = persist
+        self._lookup = lookup
+        self._sessions: OrderedDict[tuple[str, str], SessionState] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, tenant: str, session_id: str) -> SessionState:
+        key = (tenant, session_id)
+        with self._lock:
+            state = self._sessions.get(key)
+            if state is not None:
+                self._sessions.move_to_end(key)
+                return state
+        state = SessionState(tenant, session_id)
+        for row in self._lookup.tool_result_rows(tenant, session_id) if self._lookup else ():
+            stored = _from_row(row)
+            state.by_key[(stored.call_id, stored.content)] = stored
+            state.by_handle[stored.handle] = stored
+        with self._lock:
+            self._sessions[key] = state
+            while len(self._sessions) > SESSION_LIMIT:
+                self._sessions.popitem(last=False)
+        return state
+
+    def persist(self, row: TableRow) -> None:
+        if self._persist:
+            self._persist(row)
+
+    def record(self, state: SessionState, call_id: str, content: str, tool_name: str | None,
+               replacement: str, kind: str) -> StoredResult:
+        """Remember (or update) the replacement of one tool result and persist it with its original."""
+        stored = state.lookup(call_id, content)
+        if stored is None:
+            stored = StoredResult(state.new_handle(call_id), call_id, content, tool_name, replacement, kind)
+            state.by_key[(call_id, content)] = stored
+            state.by_handle[stored.handle] = stored
+        else:
+            stored.replacement, stored.kind = replacement, kind
+        self.persist(TableRow("tool_results", {
+            "tenant": state.tenant, "session_id": state.session_id, "handle": stored.handle,
+            "call_id": call_id, "content_hash": hashlib.sha256(content.encode()).hexdigest(),
+            "tool_name": tool_name, "content": content, "replacement": replacement, "kind": kind,
+            "created_at": utc_now()}))
+        return stored
+
+    def find(self, tenant: str, session_id: str, handle: str) -> StoredResult | None:
+        """A stored original by handle: this session first, then the tenant's other live sessions."""
+        own = self.get(tenant, session_id).by_handle.get(handle)
+        if own is not None:
+            return own
+        with self._lock:
+            others = [s for (t, _), s in self._sessions.items() if t == tenant]
+        for state in others:
+            if handle in state.by_handle:
+                return state.by_handle[handle]
+        row = self._lookup.tool_result_by_handle(tenant, handle) if self._lookup else None
+        return _from_row(row) if row else None
