@@ -19,7 +19,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from proxy import pipeline, rounds
+from proxy import model_summary, pipeline, rounds
 from proxy.archive import ArchiveReader, ArchiveWriter, ExchangeRecord, utc_now
 from proxy.config import Config
 from proxy.errors import BadRequest, ContextLengthExceeded, CtxProxyError, PayloadTooLarge
@@ -62,6 +62,12 @@ async def chat_completions(request: Request) -> Response:
     conversation = pipeline.Conversation(str(body.get("model") or ""), body["messages"], body.get("tools"))
     context = pipeline.PipelineContext(policy, session, tenant, state.tokens, state.store,
                                        state.config.data_dir / "checkpoints")
+    pending = pipeline.needs_model_summaries(conversation, context)
+    if pending:
+        layer1 = policy.policy.tool_results
+        context.prepared = await model_summary.prepare(
+            state.upstream, state.upstream.request_headers(request.headers, identity=True),
+            str(layer1.summarizer_model), pending, layer1.summarizer_timeout_s)
     try:
         outcome = pipeline.run(conversation, context)
     except ContextLengthExceeded as refusal:

@@ -99,6 +99,30 @@ def cmd_search(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    from proxy.policy import LoadedPolicy, PolicyStore, load_policy_file
+    from proxy.replay import format_table, replay_files
+
+    logging.getLogger("ctxproxy").setLevel(logging.ERROR)  # per-request gate logs would drown the table
+    if args.policy.endswith((".yaml", ".yml")):
+        loaded = load_policy_file(Path(args.policy))
+    else:
+        config = _config(args)
+        folder = config.policies_dir or (Path("policies") if Path("policies").is_dir() else None)
+        loaded = PolicyStore(folder).get(args.policy)
+    if args.max_input_tokens:
+        budget = loaded.policy.budget.model_copy(update={"max_input_tokens": args.max_input_tokens})
+        loaded = LoadedPolicy(loaded.name, loaded.policy.model_copy(update={"budget": budget}), loaded.path)
+    paths = [Path(p) for p in args.files]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        print(f"ctxproxy replay: no such file: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    result = replay_files(paths, loaded, model=args.model, limit=args.limit)
+    print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode() if args.json else format_table(result))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="ctxproxy", description="Context-managing OpenAI-compatible proxy.")
     sub = top.add_subparsers(dest="command", required=True)
@@ -114,6 +138,16 @@ def parser() -> argparse.ArgumentParser:
     check = policy_sub.add_parser("check", help="validate policy files")
     check.add_argument("files", nargs="+")
     check.set_defaults(func=cmd_policy_check)
+
+    replay = sub.add_parser("replay", help="run recorded conversations through the pipeline offline")
+    replay.add_argument("files", nargs="+", help="JSONL files, one conversation a line")
+    replay.add_argument("--policy", default="default", help="policy name (from policies_dir) or a .yaml path")
+    replay.add_argument("--config", help="config YAML (for policies_dir)")
+    replay.add_argument("--model", help="tokenize and size the window as this model")
+    replay.add_argument("--max-input-tokens", type=int, help="override budget.max_input_tokens")
+    replay.add_argument("--limit", type=int, help="at most this many conversations per file")
+    replay.add_argument("--json", action="store_true")
+    replay.set_defaults(func=cmd_replay)
 
     for name, func, helptext in (("sessions", cmd_sessions, "list archived sessions"),
                                  ("show", cmd_show, "print a session's conversation"),

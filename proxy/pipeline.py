@@ -15,7 +15,7 @@ from proxy.archive import TableRow, utc_now
 from proxy.checkpoint import write_checkpoint
 from proxy.errors import ContextLengthExceeded
 from proxy.internal_tools import client_defines_internal_name, with_internal_tools
-from proxy.layers.tool_results import summarize_large
+from proxy.layers.tool_results import Pending, pending_summaries, summarize_large
 from proxy.policy import LoadedPolicy
 from proxy.session import Session
 from proxy.state import StateStore
@@ -51,6 +51,7 @@ class PipelineContext:
     tokens: TokenCounter
     store: StateStore
     checkpoints_dir: Path | None = None  # None: refusals write no file (replay)
+    prepared: dict[tuple[str, str], str] | None = None  # model-written summaries fetched beforehand
 
 
 def run(conversation: Conversation, context: PipelineContext) -> Outcome:
@@ -65,7 +66,9 @@ def run(conversation: Conversation, context: PipelineContext) -> Outcome:
     can_offer_tools = not client_defines_internal_name(conversation.tools)
     layer1 = policy.tool_results
     messages = summarize_large(conversation.messages, state, context.store, count, layer1.threshold_tokens,
-                               enabled=layer1.enabled and can_offer_tools)
+                               enabled=layer1.enabled and can_offer_tools,
+                               tools_tokens=tokens.tools(conversation.tools, model),
+                               prepared=context.prepared)
     tools = _tools_for(conversation.tools, state.by_handle.keys(), can_offer_tools)
     total = tokens.request(messages, tools, model)
 
@@ -79,6 +82,16 @@ def run(conversation: Conversation, context: PipelineContext) -> Outcome:
     return Outcome(result.messages, tools, changed=result.messages is not conversation.messages
                    or tools is not conversation.tools, tokens_before=before, tokens_after=total,
                    gate=result.gate, window=result.window, internal_tools=tools is not conversation.tools)
+
+
+def needs_model_summaries(conversation: Conversation, context: PipelineContext) -> Pending:
+    """What a summarizer model would be asked to summarize for this request (empty without one)."""
+    layer1 = context.policy.policy.tool_results
+    if not (layer1.enabled and layer1.summarizer_model) or client_defines_internal_name(conversation.tools):
+        return []
+    state = context.store.get(context.tenant, context.session.id)
+    return pending_summaries(conversation.messages, state,
+                             lambda m: context.tokens.message(m, conversation.model), layer1.threshold_tokens)
 
 
 def gate_round(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], tools: list[Any] | None,

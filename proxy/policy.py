@@ -148,6 +148,14 @@ class PolicyStore:
         return None
 
     def get(self, name: str) -> LoadedPolicy:
+        cached = self._cache.get(name)
+        if cached is not None and cached[1].path is not None:
+            # Hot path: one stat of the file we already know; anything unusual takes the slow path.
+            try:
+                if os.stat(cached[1].path).st_mtime_ns == cached[0]:
+                    return cached[1]
+            except OSError:
+                pass
         validate_policy_name(name)
         path = self._path_for(name)
         if path is None:
@@ -156,8 +164,7 @@ class PolicyStore:
             raise NotFound(f"unknown policy {name!r}; available: {', '.join(self.names()) or 'default'}",
                            code="unknown_policy")
         mtime = os.stat(path).st_mtime_ns
-        cached = self._cache.get(name)
-        if cached and cached[0] == mtime:
+        if cached and cached[0] == mtime and cached[1].path == path:
             return cached[1]
         try:
             loaded = load_policy_file(path)

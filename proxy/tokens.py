@@ -162,9 +162,12 @@ def model_window(model: str) -> int:
     _prepare_offline_env()
     import litellm  # deliberately lazy: ~2 s
 
+    litellm.suppress_debug_info = True
+
     window = FALLBACK_WINDOW
+    base = model.split(":")[1] if model.startswith("ft:") and model.count(":") >= 1 else model
     try:
-        info = litellm.get_model_info(model)
+        info = litellm.get_model_info(base)
         window = int(info.get("max_input_tokens") or FALLBACK_WINDOW)
     except Exception:  # litellm raises several types for unmapped models
         window = FALLBACK_WINDOW

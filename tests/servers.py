@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import orjson
 import uvicorn
 from starlette.applications import Starlette
@@ -78,6 +79,7 @@ class Step:
     chunks: list[bytes] = field(default_factory=list)
     headers: dict[str, str] = field(default_factory=dict)
     hang_after_chunks: bool = False
+    hold_after_first: threading.Event | None = None  # send the rest only once the test saw chunk one
 
 
 def completion(content: str | None, tool_calls: list[dict[str, Any]] | None = None, *,
@@ -182,9 +184,11 @@ class FakeUpstream:
             return Response(step.body, status_code=step.status, headers=step.headers)
         if step.kind == "stream":
             async def generate():
-                for chunk in step.chunks:
+                for index, chunk in enumerate(step.chunks):
                     yield chunk
                     await asyncio.sleep(0)
+                    if index == 0 and step.hold_after_first is not None:
+                        await anyio.to_thread.run_sync(step.hold_after_first.wait, 30)
                 if step.hang_after_chunks:
                     await self._wait_for_disconnect(request)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 
 import httpx
 import openai
@@ -55,6 +56,29 @@ def test_stream_bytes_are_relayed_unchanged(proxy, fake_upstream):
         assert response.headers["x-ctxproxy-gate"] == "pass"
         received = b"".join(response.iter_raw())
     assert received == b"".join(chunks)
+
+
+def test_stream_chunks_are_not_buffered(proxy, fake_upstream):
+    """The upstream sends its second chunk only after the client received the first."""
+    released = threading.Event()
+    chunks = stream_chunks(["first", "second"])
+    fake_upstream.then(Step(kind="stream", chunks=chunks, hold_after_first=released))
+    with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", timeout=10, json={
+            "model": "gpt-4o", "stream": True, "messages": [{"role": "user", "content": "x"}]}) as response:
+        pieces = response.iter_raw()
+        received = next(pieces)
+        assert received == chunks[0]  # arrived while the upstream was still holding the rest
+        released.set()
+        received += b"".join(pieces)
+    assert received == b"".join(chunks)
+
+
+def test_upstream_timeouts_follow_the_config():
+    from proxy.config import UpstreamConfig
+    from proxy.upstream import Upstream
+
+    upstream = Upstream(UpstreamConfig(timeout_s=321), None)
+    assert upstream.client.timeout.read == 321 and upstream.client.timeout.connect == 10
 
 
 def test_unchanged_request_reaches_upstream_byte_for_byte(proxy, fake_upstream):

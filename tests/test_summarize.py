@@ -333,6 +333,15 @@ def test_other_code_gets_an_outline_of_verbatim_definition_lines():
         assert gist(source).startswith("code, ")
 
 
+def test_shell_tool_output_gets_the_line_treatment_even_when_it_looks_like_code():
+    # a diff or compiler output is full of braces; from a shell tool, head/tail/errors/paths serve better
+    assert summarize(JS_SOURCE, tool_name="read_file").startswith("code, 18 lines, 4 definitions")
+    for tool in ("bash", "run_command", "shell.exec"):
+        out = summarize(JS_SOURCE, tool_name=tool)
+        assert out.startswith("text, 18 lines") and "L4:   const rows = text.split(" in out, tool
+    assert summarize(PY_SOURCE, tool_name="bash").startswith("Python module")  # `cat x.py` still parses
+
+
 # ---------------------------------------------------------------- logs and text
 
 

@@ -26,13 +26,15 @@ def tool_names_by_call(messages: list[dict[str, Any]]) -> dict[str, str]:
     return names
 
 
-def summary_text(handle: str, tool: str | None, content: str, original_tokens: int) -> str:
+def summary_text(handle: str, tool: str | None, content: str, original_tokens: int,
+                 body: str | None = None) -> str:
+    """The labelled replacement. `body` is a model-written summary when one was prepared."""
     lines = content.count("\n") + 1
     label = f" from {tool}" if tool else ""
     return (f"[ctxproxy summary of tool result call_id={handle}{label}: original {original_tokens} tokens, "
             f"{lines} lines. This is a summary, not the output. Get the exact original with "
             f'read_tool_result(call_id="{handle}"), or a range with start_line/end_line.]\n'
-            f"{summarize(content, tool_name=tool)}")
+            f"{body if body is not None else summarize(content, tool_name=tool)}")
 
 
 def placeholder_text(handle: str, content: str, original_tokens: int) -> str:
@@ -41,8 +43,12 @@ def placeholder_text(handle: str, content: str, original_tokens: int) -> str:
 
 def summarize_large(messages: list[dict[str, Any]], state: SessionState, store: StateStore,
                     count: Callable[[dict[str, Any]], int], threshold_tokens: int,
-                    enabled: bool) -> list[dict[str, Any]]:
-    """Re-apply every earlier decision, and summarize new tool results over the threshold."""
+                    enabled: bool, tools_tokens: int = 0,
+                    prepared: dict[tuple[str, str], str] | None = None) -> list[dict[str, Any]]:
+    """Re-apply every earlier decision, and summarize new tool results over the threshold.
+
+    `tools_tokens` (the client's tools schema) is part of the cached prefix a first summary invalidates.
+    """
     names: dict[str, str] | None = None
     out = messages
     for index, message in enumerate(messages):
@@ -58,15 +64,50 @@ def summarize_large(messages: list[dict[str, Any]], state: SessionState, store: 
                 names = tool_names_by_call(messages)
             tool = names.get(call_id)
             handle = state.new_handle(call_id)
-            summary = summary_text(handle, tool, content, count(message))
-            if count({**message, "content": summary}) * 2 > count(message):
-                state.kept.add((call_id, content))  # not worth a replacement; decided once
+            body = (prepared or {}).get((call_id, content))
+            summary = summary_text(handle, tool, content, count(message), body)
+            saved = count(message) - count({**message, "content": summary})
+            if saved * 2 < count(message) or not _worth_first_summary(state, messages, index, saved, count,
+                                                                      tools_tokens):
+                state.kept.add((call_id, content))  # not worth a replacement; decided once, sticky
                 continue
             stored = store.record(state, call_id, content, tool, summary, SUMMARY)
         if out is messages:
             out = list(messages)
         out[index] = {**message, "content": stored.replacement}
     return out
+
+
+# The first summary of a session adds read_tool_result to the tools list, which leads the prompt: every
+# cached token before it is billed again once. Assume the saving also counts on a few later turns.
+FIRST_SUMMARY_LATER_TURNS = 2
+CACHED_SHARE_LOST = 0.9
+
+
+def _worth_first_summary(state: SessionState, messages: list[dict[str, Any]], index: int, saved: int,
+                         count: Callable[[dict[str, Any]], int], tools_tokens: int) -> bool:
+    if state.by_handle:
+        return True  # the tool is already offered: nothing more to invalidate
+    prefix = tools_tokens + sum(count(m) for m in messages[:index])
+    return saved * (1 + 0.1 * FIRST_SUMMARY_LATER_TURNS) >= CACHED_SHARE_LOST * prefix
+
+
+Pending = list[tuple[str, str, str | None]]  # (call_id, content, tool name)
+
+
+def pending_summaries(messages: list[dict[str, Any]], state: SessionState,
+                      count: Callable[[dict[str, Any]], int], threshold_tokens: int) -> Pending:
+    """Tool results that would be summarized now and have no decision yet: (call_id, content, tool)."""
+    found, names = [], None
+    for message in messages:
+        if message.get("role") != "tool" or not isinstance(message.get("content"), str):
+            continue
+        key = (str(message.get("tool_call_id") or ""), message["content"])
+        if state.lookup(*key) or key in state.kept or count(message) <= threshold_tokens:
+            continue
+        names = names if names is not None else tool_names_by_call(messages)
+        found.append((key[0], key[1], names.get(key[0])))
+    return found
 
 
 def prune(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state: SessionState,

@@ -1,0 +1,100 @@
+"""Shared limits, line helpers and the budgeted section layout every summary is built from."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+HEAD_LINES, TAIL_LINES = 10, 10
+LINE_W, ERR_W, ITEM_W, VALUE_W = 200, 320, 240, 120  # widths beyond which a kept line is cut, marked
+MAX_ERR, MAX_PATHS, MAX_ID_KEYS, MAX_FIELDS, MAX_DEPTH = 300, 200, 8, 12, 5  # depth: +1 per object or array
+SAMPLE = 50  # array items merged into a shape: bounded so huge arrays stay cheap
+
+ERR_RE = re.compile(r"(?i)error|warn|exception|traceback|fail|fatal|panic|denied|refused|timeout|timed out"
+                    r"|assert")
+BREAK_RE = re.compile(r"[\r\n\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")  # everything splitlines() breaks on
+
+
+def _clip(s: str, width: int) -> str:
+    """s, or its start plus an explicit '…[+N chars]' marker, so a cut is never silent."""
+    if len(s) <= width:
+        return s
+    keep = max(width - len(f"…[+{len(s)} chars]"), 0)
+    return f"{s[:keep]}…[+{len(s) - keep} chars]"
+
+
+def _plural(n: int, word: str, many: str = "") -> str:
+    return f"{n} {word if n == 1 else many or word + 's'}"
+
+
+def _distinct(values: list[str]) -> list[str]:
+    return list(dict.fromkeys(values))  # ordered de-dup: iterating a set would depend on hash seeds
+
+
+def _numbered(lines: list[str], indices: list[int] | range, width: int) -> list[str]:
+    return [f"L{i + 1}: {_clip(lines[i], width)}" for i in indices]
+
+
+def _size(lines: list[str]) -> int:
+    return sum(len(line) + 1 for line in lines)
+
+
+@dataclass
+class _Sec:
+    """Output lines that the layout may shorten, always leaving a '(+N more …)' note."""
+
+    items: list[str]
+    title: str = ""  # own line for blocks, prefix for inline lists
+    what: str = "lines"
+    weight: int = 1
+    inline: bool = False  # items joined with ", " on one line (ids, paths) instead of one per line
+    tail: bool = False  # keep the last items when cutting (end of a log)
+    extra: int = 0  # items already dropped by a collection cap
+
+    def _note(self, k: int) -> str:
+        rest = len(self.items) - k + self.extra
+        return f"(+{rest} more{' ' + self.what if self.what else ''})" if rest else ""
+
+    def _cost(self, k: int, chars: int) -> int:
+        note = self._note(k)
+        if self.inline:
+            return len(self.title) + chars + 2 * max(k - 1, 0) + (len(note) + (k > 0) if note else 0) + 1
+        return (len(self.title) + 1 if self.title else 0) + chars + k + (len(note) + 1 if note else 0)
+
+    def render(self, budget: int) -> list[str]:
+        """The most items that fit in budget chars (each line costs len + 1), or nothing."""
+        items = self.items[::-1] if self.tail else self.items
+        k, chars = len(items), sum(map(len, items))
+        while k and self._cost(k, chars) > budget:
+            k -= 1
+            chars -= len(items[k])
+        if self._cost(k, chars) > budget:
+            return []
+        kept, note = (items[:k][::-1] if self.tail else items[:k]), self._note(k)
+        if self.inline:
+            return [self.title + ", ".join(kept) + (" " if kept and note else "") + note]
+        body = [note, *kept] if self.tail else [*kept, note]
+        return ([self.title] if self.title else []) + [line for line in body if line]
+
+
+def _layout(secs: list[_Sec], max_chars: int) -> str:
+    """Share max_chars among sections by weight; a section needing less than its share hands it on."""
+    secs = [s for s in secs if s.items or s.extra]
+    need = [_size(s.render(1 << 60)) for s in secs]
+    alloc, left, active = [0] * len(secs), max_chars + 1, list(range(len(secs)))
+    while active:
+        wsum = sum(secs[i].weight for i in active)
+        fits = [i for i in active if need[i] * wsum <= left * secs[i].weight]
+        for i in fits or active:
+            alloc[i] = need[i] if fits else left * secs[i].weight // wsum
+        left -= sum(need[i] for i in fits)
+        active = [i for i in active if i not in fits] if fits else []
+    out = [s.render(a) for s, a in zip(secs, alloc, strict=True)]
+    # Whole-line granularity leaves slack: hand it to cut sections, heaviest first (sorted() is stable).
+    spare = max_chars + 1 - sum(map(_size, out))
+    for i in sorted(range(len(secs)), key=lambda i: -secs[i].weight):
+        if spare > 0 and _size(out[i]) < need[i]:
+            new = secs[i].render(_size(out[i]) + spare)
+            spare, out[i] = spare - _size(new) + _size(out[i]), new
+    return "\n".join(line for lines in out for line in lines)
+

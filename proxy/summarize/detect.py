@@ -1,0 +1,96 @@
+"""Kind detection: parse a tool result once and classify it as json, python, code, log or text."""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import json
+import re
+from dataclasses import dataclass
+
+from .common import ERR_RE
+
+SCAN_LINES = 2000  # kind detection reads the start only: enough to classify, bounded cost
+
+TS_RE = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d|\b\d\d:\d\d:\d\d\b")
+LEVEL_RE = re.compile(r"\b(?:TRACE|DEBUG|INFO|NOTICE|WARN|WARNING|ERROR|ERR|FATAL|CRITICAL|PANIC)\b"
+                      r"|\blevel[\"']?\s*[=:]")
+GUTTER_RE = re.compile(r"\s*(\d{1,9})(?:\t|→|│|\| |: )")  # "    12\tcode", "12→code" from file-read tools
+CODE_LINE_RE = re.compile(r"[{};:]\s*$|^\s*(?://|/\*|\*/|#include|#define|import\s|from\s\S+\simport|package\s"
+                          r"|use\s|return\b|\}|@\w|if\s*\(|for\s*\(|while\s*\(|self\.)")
+DEF_RE = re.compile(
+    r"\s*(?:(?:export\s+(?:default\s+)?)?(?:async\s+)?function\b|(?:export\s+(?:default\s+)?)?"
+    r"(?:abstract\s+)?class\s+\w|(?:export\s+)?(?:declare\s+)?(?:interface|enum|namespace)\s+\w"
+    r"|(?:export\s+)?type\s+\w+(?:<[^>]*>)?\s*=|type\s+\w+\s+(?:struct|interface)\b|impl\b|func\s"
+    r"|(?:pub(?:\([\w:]+\))?\s+)?(?:(?:async|unsafe|const|extern\s+\"\w+\")\s+)*fn\s+\w"
+    r"|(?:pub(?:\([\w:]+\))?\s+)?(?:struct|enum|trait|mod|union)\s+\w|export\s|module\s+\w"
+    r"|(?:export\s+)?(?:const|let|var)\s+\w+(?:\s*:[^=]+)?\s*=\s*(?:async\s+)?"
+    r"(?:function\b|\([^)]*\)\s*(?::[^=]+)?=>|\w+\s*=>)"
+    r"|(?:(?:public|private|protected|internal|static|final|abstract|override|virtual|sealed)\s+)+"
+    r"(?:[\w<>\[\],.?]+\s+)*\w+\s*\(|(?:(?:public|private|protected|static|final|abstract|sealed)\s+)*"
+    r"(?:class|interface|enum|record)\s+\w|(?:typedef\s+)?(?:struct|union|enum)\s+\w+\s*\{?\s*$"
+    r"|(?:async\s+)?def\s+\w)")
+# C-like "type name(args) {" at column 0 (input cut to 300 chars first, so backtracking stays cheap).
+C_FN_RE = re.compile(r"(?!(?:if|for|while|switch|return|else|do|case)\b)[A-Za-z_][\w*&:<>, ]*[ *&]"
+                     r"[A-Za-z_~][\w:~]*\s*\([^;]*\)\s*(?:const\s*)?\{?\s*$")
+PY_HINT_RE = re.compile(r"^[ \t]*(?:(?:async[ \t]+)?def|class|import|from)[ \t]", re.M)
+SHELL_RE = re.compile(r"(?<![a-z])(?:bash|shell|exec|run|command|terminal|cmd)(?![a-z])", re.I)
+FUNCS = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+@dataclass
+class _Analysis:
+    kind: str
+    lines: list[str]
+    doc: object = None  # parsed JSON
+    tree: ast.Module | None = None
+    content: list[str] | None = None  # lines without a file-read gutter
+    offset: int = 0  # first gutter number - 1, so a digest shows the file's own line numbers
+    json_error: str = ""
+
+
+def _strip_gutter(lines: list[str]) -> tuple[list[str], int]:
+    matches = [GUTTER_RE.match(line) for line in lines]
+    nums = [int(m[1]) for m in matches if m]
+    if len(nums) < 2 or any(not m and line.strip() for m, line in zip(matches, lines, strict=True)) \
+            or any(b != a + 1 for a, b in itertools.pairwise(nums)):
+        return lines, 0
+    return [line[m.end():] if m else line for m, line in zip(matches, lines, strict=True)], nums[0] - 1
+
+
+def _is_def(line: str) -> bool:
+    return bool(DEF_RE.match(line[:300]) or C_FN_RE.match(line[:300]))
+
+
+def _analyze(text: str, tool_name: str | None = None) -> _Analysis:
+    lines, stripped, json_error = text.splitlines(), text.strip(), ""
+    if stripped[:1] in ("{", "["):
+        try:
+            doc = json.loads(stripped)
+            if isinstance(doc, dict | list):
+                return _Analysis("json", lines, doc=doc)
+        except json.JSONDecodeError as e:
+            json_error = f"{e.msg}, char {e.pos}"
+        except Exception:  # RecursionError, or an int over the str-conversion limit
+            json_error = "unparseable"
+    content, offset = _strip_gutter(lines)
+    source = "\n".join(content)
+    try:  # the cheap pre-check spares ast.parse a megabyte of "a+a+a…" that happens to be valid Python
+        tree = ast.parse(source) if PY_HINT_RE.search(source) else None
+        if tree and any(isinstance(n, FUNCS | ast.ClassDef | ast.Import | ast.ImportFrom)
+                        for n in ast.walk(tree)):
+            return _Analysis("python", lines, tree=tree, content=content, offset=offset)
+    except Exception:  # SyntaxError, ValueError (NUL), RecursionError: simply not Python
+        pass
+    sample = [c for c in content[:SCAN_LINES] if c.strip()]
+    n, kind = max(len(sample), 1), "text"
+    if sum(bool(TS_RE.search(c[:40]) or LEVEL_RE.search(c[:80])) for c in sample) * 10 >= n * 3:
+        kind = "log"
+    elif len(sample) >= 3 and not (tool_name and SHELL_RE.search(tool_name)):
+        # Shell output is a log even with braces in it; a .py read through a shell already hit "python".
+        defs = sum(map(_is_def, sample))
+        code = sum(bool(CODE_LINE_RE.search(c[:300])) or _is_def(c) for c in sample)
+        kind = "code" if (code * 10 >= n * 4 and defs) or code * 10 >= n * 6 else kind
+    if kind == "text" and sample and sum(bool(ERR_RE.search(c)) for c in sample) * 5 >= n:
+        kind = "log"
+    return _Analysis(kind, lines, content=content, offset=offset, json_error=json_error)
