@@ -188,7 +188,8 @@ def rounds_context(state: ProxyState, request: Request, body: dict[str, Any],
 
     return rounds.RoundsContext(
         upstream=state.upstream, path="/" + CHAT_ROUTE, query=request.url.query.encode(), headers=headers,
-        body=body, original=body["messages"], forwarded=outcome.messages, tools=outcome.tools,
+        body=body, original=outcome.original or body["messages"], forwarded=outcome.messages,
+        tools=outcome.tools,
         first_content=content,
         tool_context=ToolContext(state.store, context.tenant, context.session.id, layer1.read_page_chars),
         max_rounds=layer1.max_internal_rounds, window=outcome.window or 10**9,

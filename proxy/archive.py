@@ -186,7 +186,7 @@ class ArchiveWriter:
             if node not in self._seen:
                 rows.append({
                     "id": node, "parent_id": parent, "tenant": record.tenant,
-                    "session_id": record.session_id,
+                    "session_id": record.session_id, "policy": record.policy,
                     "role": message.get("role") if isinstance(message, dict) else None,
                     "text": searchable_text(message), "body": body.decode(), "created_at": record.created_at,
                 })
@@ -243,8 +243,8 @@ class ArchiveWriter:
         node = message_id(parent, body)
         self._db["messages"].insert({
             "id": node, "parent_id": parent, "tenant": record.tenant, "session_id": record.session_id,
-            "role": message.get("role"), "text": searchable_text(message), "body": body.decode(),
-            "created_at": record.created_at,
+            "policy": record.policy, "role": message.get("role"), "text": searchable_text(message),
+            "body": body.decode(), "created_at": record.created_at,
         }, ignore=True)
         return node
 
@@ -282,6 +282,7 @@ class ArchiveReader:
         if not path.exists():
             raise FileNotFoundError(f"no archive at {path}")
         self.db = Database(sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False))
+        self._lock = threading.Lock()  # one connection, used from the event loop and worker threads
 
     def sessions(self, limit: int = 50) -> list[dict[str, Any]]:
         return list(self.db.query(
@@ -319,32 +320,50 @@ class ArchiveReader:
         return messages
 
     def search(self, query: str, *, tenant: str | None = None, session_id: str | None = None,
+               policy: str | None = None, exclude_session: str | None = None,
                limit: int = 10) -> list[dict[str, Any]]:
+        """BM25-ranked full-text hits with snippets; every filter is optional."""
         match = fts_query(query)
         if not match:
             return []
         where, params = ["messages_fts match ?"], [match]
-        if tenant is not None:
-            where.append("messages.tenant = ?")
-            params.append(tenant)
-        if session_id is not None:
-            where.append("messages.session_id = ?")
-            params.append(session_id)
+        for clause, value in (("messages.tenant = ?", tenant), ("messages.session_id = ?", session_id),
+                              ("messages.policy = ?", policy), ("messages.session_id != ?", exclude_session)):
+            if value is not None:
+                where.append(clause)
+                params.append(value)
         params.append(limit)
-        return list(self.db.query(
-            f"""select messages.id, messages.session_id, messages.role, messages.created_at,
-                       snippet(messages_fts, 0, '[', ']', ' … ', 16) as snippet,
-                       bm25(messages_fts) as rank
-                from messages_fts join messages on messages.rowid = messages_fts.rowid
-                where {' and '.join(where)} order by rank limit ?""", params))
+        with self._lock:
+            return list(self.db.query(
+                f"""select messages.id, messages.session_id, messages.role, messages.created_at,
+                           messages.body, snippet(messages_fts, 0, '[', ']', ' … ', 16) as snippet,
+                           bm25(messages_fts) as rank
+                    from messages_fts join messages on messages.rowid = messages_fts.rowid
+                    where {' and '.join(where)} order by rank limit ?""", params))
+
+    def recall(self, tenant: str, session_id: str, policy: str, query: str,
+               limit: int = 8) -> list[dict[str, Any]]:
+        """This session's hits first, then the rest of the project (same tenant and policy)."""
+        hits = self.search(query, tenant=tenant, session_id=session_id, limit=limit)
+        if len(hits) < limit:
+            hits += self.search(query, tenant=tenant, policy=policy, exclude_session=session_id,
+                                limit=limit - len(hits))
+        return hits
+
+    def session_window(self, tenant: str, session_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            return next(self.db.query("select * from session_windows where tenant = ? and session_id = ?",
+                                      [tenant, session_id]), None)
 
     def tool_result_rows(self, tenant: str, session_id: str) -> list[dict[str, Any]]:
-        return list(self.db.query("select * from tool_results where tenant = ? and session_id = ? "
-                                  "order by created_at, rowid", [tenant, session_id]))
+        with self._lock:
+            return list(self.db.query("select * from tool_results where tenant = ? and session_id = ? "
+                                      "order by created_at, rowid", [tenant, session_id]))
 
     def tool_result_by_handle(self, tenant: str, handle: str) -> dict[str, Any] | None:
-        return next(self.db.query("select * from tool_results where tenant = ? and handle = ? "
-                                  "order by created_at desc limit 1", [tenant, handle]), None)
+        with self._lock:
+            return next(self.db.query("select * from tool_results where tenant = ? and handle = ? "
+                                      "order by created_at desc limit 1", [tenant, handle]), None)
 
     def close(self) -> None:
         self.db.close()

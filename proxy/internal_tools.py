@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +12,8 @@ import orjson
 from proxy.state import StateStore
 
 READ_TOOL_RESULT = "read_tool_result"
-INTERNAL_NAMES = frozenset({READ_TOOL_RESULT})
+RECALL = "recall"
+INTERNAL_NAMES = frozenset({READ_TOOL_RESULT, RECALL})
 HANDLE = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}(#[0-9]{1,6})?$")
 
 READ_TOOL_RESULT_SPEC: dict[str, Any] = {
@@ -35,6 +37,23 @@ READ_TOOL_RESULT_SPEC: dict[str, Any] = {
 }
 
 
+RECALL_SPEC: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": RECALL,
+        "description": (
+            "Search everything said earlier, including exchanges that left this conversation to fit the "
+            "context window (see the auto-summary). Full-text search: pass distinctive words, ids or "
+            "error text. Returns ranked snippets, this session first."),
+        "parameters": {
+            "type": "object",
+            "properties": {"query": {"type": "string", "description": "Words to search for."}},
+            "required": ["query"],
+        },
+    },
+}
+
+
 def tool_name(spec: Any) -> str | None:
     if isinstance(spec, dict):
         function = spec.get("function")
@@ -43,12 +62,18 @@ def tool_name(spec: Any) -> str | None:
     return None
 
 
-def with_internal_tools(client_tools: list[Any] | None) -> list[Any] | None:
-    """The client's tools unchanged and in order, then ours (skipped if the client has a same-named tool)."""
-    tools = list(client_tools or [])
-    if any(tool_name(spec) in INTERNAL_NAMES for spec in tools):
+def with_internal_tools(client_tools: list[Any] | None, *, read: bool, recall: bool) -> list[Any] | None:
+    """The client's tools unchanged and in order, then ours (none if the client has a same-named tool).
+
+    All of ours arrive together, so the tools list (which leads the prompt) changes once per session.
+    """
+    if client_defines_internal_name(client_tools) or not (read or recall):
         return client_tools
-    tools.append(READ_TOOL_RESULT_SPEC)
+    tools = list(client_tools or [])
+    if read:
+        tools.append(READ_TOOL_RESULT_SPEC)
+    if recall:
+        tools.append(RECALL_SPEC)
     return tools
 
 
@@ -60,12 +85,18 @@ def is_internal_call(call: dict[str, Any]) -> bool:
     return tool_name(call) in INTERNAL_NAMES
 
 
+Search = Callable[[str, str, str, str, int], list[dict[str, Any]]]  # tenant, session, policy, query, limit
+
+
 @dataclass
 class ToolContext:
     store: StateStore
     tenant: str
     session_id: str
     page_chars: int  # how much original text one call may return
+    search: Search | None = None  # archive full-text search (None offline)
+    policy: str = "default"
+    recall_results: int = 8
 
 
 def execute(call: dict[str, Any], context: ToolContext) -> str:
@@ -79,6 +110,8 @@ def execute(call: dict[str, Any], context: ToolContext) -> str:
         return "error: arguments must be a JSON object"
     if function.get("name") == READ_TOOL_RESULT:
         return read_tool_result(arguments, context)
+    if function.get("name") == RECALL:
+        return recall(arguments, context)
     return f"error: unknown internal tool {function.get('name')!r}"
 
 
@@ -121,3 +154,40 @@ def _line_arg(value: Any, default: int) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         return None
     return value
+
+
+def recall(arguments: dict[str, Any], context: ToolContext) -> str:
+    query = arguments.get("query")
+    if not isinstance(query, str) or not query.strip():
+        return "error: query must be a non-empty string"
+    if context.search is None:
+        return "error: recall needs the archive, which is not available here"
+    hits = context.search(context.tenant, context.session_id, context.policy, query, context.recall_results)
+    return format_hits(query, hits, context.session_id, context.page_chars)
+
+
+def format_hits(query: str, hits: list[dict[str, Any]], session_id: str, limit_chars: int) -> str:
+    """Ranked snippets with where and when they were said, and a call id to read the whole result."""
+    if not hits:
+        return f"recall {query!r}: no matches in the archive."
+    lines = [f"recall {query!r}: {len(hits)} match{'es' if len(hits) != 1 else ''}, best first."]
+    for rank, hit in enumerate(hits, 1):
+        where = "this session" if hit["session_id"] == session_id else f"session {hit['session_id']}"
+        call = _call_id(hit.get("body"))
+        lines.append(f"{rank}. [{where}, {str(hit['created_at'])[:16].replace('T', ' ')}, {hit['role']}"
+                     + (f", call_id={call}" if call else "") + f"] {hit['snippet']}")
+    text = "\n".join(lines)
+    return text if len(text) <= limit_chars else text[:limit_chars] + "\n(more matches cut)"
+
+
+def _call_id(body: str | None) -> str | None:
+    if not body:
+        return None
+    try:
+        message = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if message.get("tool_call_id"):
+        return str(message["tool_call_id"])
+    calls = message.get("tool_calls") or []
+    return str(calls[0].get("id")) if calls and isinstance(calls[0], dict) else None

@@ -53,3 +53,16 @@ def m002_tool_results_and_tickets(db: Database) -> None:
          "checkpoint_id": str, "estimated_tokens": int, "max_input_tokens": int, "message": str},
         pk="id",
     )
+
+
+@migrations()
+def m003_policy_scope_and_windows(db: Database) -> None:
+    # recall searches this session first, then the project: the policy a message was first sent under.
+    db["messages"].add_column("policy", str)
+    db["messages"].create_index(["tenant", "session_id"])
+    # The sliding window's sticky cut and auto-summary per session, so a restart keeps them.
+    db["session_windows"].create(
+        {"tenant": str, "session_id": str, "cut": int, "last_evicted": str, "headlines": str, "block": str,
+         "updated_at": str},
+        pk=("tenant", "session_id"),
+    )

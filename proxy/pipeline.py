@@ -5,7 +5,10 @@
 
 from __future__ import annotations
 
+import math
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,10 +18,11 @@ from proxy.archive import TableRow, utc_now
 from proxy.checkpoint import write_checkpoint
 from proxy.errors import ContextLengthExceeded
 from proxy.internal_tools import client_defines_internal_name, with_internal_tools
+from proxy.layers import window
 from proxy.layers.tool_results import Pending, pending_summaries, summarize_large
-from proxy.policy import LoadedPolicy
+from proxy.policy import LoadedPolicy, Policy
 from proxy.session import Session
-from proxy.state import StateStore
+from proxy.state import SessionState, StateStore
 from proxy.tokens import TokenCounter
 
 
@@ -41,6 +45,7 @@ class Outcome:
     gate: str = budget.PASS
     window: int = 0
     internal_tools: bool = False
+    original: list[dict[str, Any]] | None = None  # the client's messages aligned with `messages`
 
 
 @dataclass
@@ -52,6 +57,7 @@ class PipelineContext:
     store: StateStore
     checkpoints_dir: Path | None = None  # None: refusals write no file (replay)
     prepared: dict[tuple[str, str], str] | None = None  # model-written summaries fetched beforehand
+    now: Callable[[], float] = time.time
 
 
 def run(conversation: Conversation, context: PipelineContext) -> Outcome:
@@ -62,18 +68,21 @@ def run(conversation: Conversation, context: PipelineContext) -> Outcome:
     def count(message: dict[str, Any]) -> int:
         return tokens.message(message, model)
 
-    # A client tool named like ours means we cannot offer read_tool_result: then summarize nothing.
+    # A client tool named like one of ours: we cannot offer our tools, so replace and evict nothing.
     can_offer_tools = not client_defines_internal_name(conversation.tools)
     layer1 = policy.tool_results
-    messages = summarize_large(conversation.messages, state, context.store, count, layer1.threshold_tokens,
+    original = conversation.messages
+    messages = summarize_large(original, state, context.store, count, layer1.threshold_tokens,
                                enabled=layer1.enabled and can_offer_tools,
                                tools_tokens=tokens.tools(conversation.tools, model),
                                prepared=context.prepared)
-    tools = _tools_for(conversation.tools, state.by_handle.keys(), can_offer_tools)
+    if policy.window.enabled and can_offer_tools:
+        original, messages = slide_window(original, messages, state, context, conversation)
+    tools = _tools_for(conversation.tools, state, policy, can_offer_tools)
     total = tokens.request(messages, tools, model)
 
-    result = budget.check(conversation.messages, messages, policy, model, state, context.store, count, total)
-    offered = _tools_for(conversation.tools, state.by_handle.keys(), can_offer_tools)
+    result = budget.check(original, messages, policy, model, state, context.store, count, total)
+    offered = _tools_for(conversation.tools, state, policy, can_offer_tools)
     total = result.tokens if offered is tools else tokens.request(result.messages, offered, model)
     tools = offered
     if result.gate == budget.REFUSE or (policy.budget.enabled and result.window and
@@ -81,7 +90,27 @@ def run(conversation: Conversation, context: PipelineContext) -> Outcome:
         refuse(conversation, context, result)
     return Outcome(result.messages, tools, changed=result.messages is not conversation.messages
                    or tools is not conversation.tools, tokens_before=before, tokens_after=total,
-                   gate=result.gate, window=result.window, internal_tools=tools is not conversation.tools)
+                   gate=result.gate, window=result.window, internal_tools=tools is not conversation.tools,
+                   original=original)
+
+
+def slide_window(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state: SessionState,
+                 context: PipelineContext,
+                 conversation: Conversation) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Layer 3: evict whole exchanges in batches; the auto-summary block stands in for them."""
+    policy, tokens, model = context.policy.policy, context.tokens, conversation.model
+    budget_tokens = policy.window.max_tokens or math.floor(
+        policy.window.max_pct * budget.window_for(policy, model))
+    summary_tokens = min(policy.summary.max_tokens, budget_tokens * 15 // 100)
+    internal = with_internal_tools(None, read=True, recall=True) or []
+    original, forwarded, evicted = window.slide(
+        original, forwarded, state, lambda m: tokens.message(m, model), lambda t: tokens.text(t, model),
+        budget_tokens=budget_tokens, low_water_tokens=math.floor(policy.window.low_water_pct * budget_tokens),
+        summary_tokens=summary_tokens, summary_role=policy.summary.role if policy.summary.enabled else None,
+        fixed_tokens=tokens.tools([*(conversation.tools or []), *internal], model), now=context.now())
+    if evicted:
+        context.store.save_window(state)
+    return original, forwarded
 
 
 def needs_model_summaries(conversation: Conversation, context: PipelineContext) -> Pending:
@@ -107,9 +136,13 @@ def gate_round(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], 
     return result
 
 
-def _tools_for(client_tools: list[Any] | None, handles: Any, can_offer: bool) -> list[Any] | None:
-    """Offer read_tool_result from the first replaced result of the session on (sticky)."""
-    return with_internal_tools(client_tools) if can_offer and handles else client_tools
+def _tools_for(client_tools: list[Any] | None, state: SessionState, policy: Policy,
+               can_offer: bool) -> list[Any] | None:
+    """Offer our tools from the first replaced result or evicted exchange on, together (sticky)."""
+    if not (can_offer and state.internal_tools_offered):
+        return client_tools
+    return with_internal_tools(client_tools, read=policy.tool_results.enabled or policy.budget.enabled,
+                               recall=policy.window.enabled)
 
 
 def refuse(conversation: Conversation, context: PipelineContext, result: budget.GateResult) -> None:

@@ -7,6 +7,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -56,9 +57,10 @@ class BudgetPolicy(_Section):
 
 class WindowPolicy(_Section):
     enabled: bool = True
-    max_tokens: int | None = Field(None, gt=0)
+    max_tokens: int | None = Field(None, gt=0)  # the window's budget; null: max_pct of the model window
     max_pct: float = Field(0.60, gt=0.0, le=1.0)
-    low_water_pct: float = Field(0.50, gt=0.0, le=1.0)
+    low_water_pct: float = Field(0.50, gt=0.0, lt=1.0)  # evict in one batch down to this share of it
+    recall_results: int = Field(8, ge=1, le=50)
 
 
 class PinnedPolicy(_Section):
@@ -68,8 +70,9 @@ class PinnedPolicy(_Section):
 
 class SummaryPolicy(_Section):
     enabled: bool = True
-    max_tokens: int = Field(10_000, gt=0)
+    max_tokens: int = Field(10_000, gt=0)  # also capped at 15% of the window's budget
     summarizer_model: str | None = None
+    role: Literal["system", "user"] = "system"  # some chat templates accept one system message only
 
 
 class WorkingMemoryPolicy(_Section):
@@ -85,6 +88,10 @@ class FoldedPolicy(_Section):
     summarizer_model: str | None = None
 
 
+class CommandsPolicy(_Section):
+    enabled: bool = True  # answer /recall in the last user message without calling the model
+
+
 class Policy(_Section):
     tool_results: ToolResultsPolicy = ToolResultsPolicy()
     budget: BudgetPolicy = BudgetPolicy()
@@ -93,6 +100,7 @@ class Policy(_Section):
     summary: SummaryPolicy = SummaryPolicy()
     working_memory: WorkingMemoryPolicy = WorkingMemoryPolicy()
     folded: FoldedPolicy = FoldedPolicy()
+    commands: CommandsPolicy = CommandsPolicy()
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,13 @@ import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+import orjson
+
 from proxy.archive import TableRow, utc_now
+from proxy.layers.auto_summary import Headline
 
 SESSION_LIMIT = 5000
 
@@ -29,6 +32,17 @@ class StoredResult:
 
 
 @dataclass
+class WindowState:
+    """The sliding window's sticky decisions for one session."""
+
+    cut: int | None = None  # messages[head:cut] are evicted
+    last_evicted: dict[str, Any] | None = None  # messages[cut - 1], to notice an edited history
+    headlines: list[Headline] = field(default_factory=list)
+    block: str | None = None  # the rendered auto-summary, repeated until the next batch
+    first_seen: list[float] = field(default_factory=list)  # when each message index first arrived
+
+
+@dataclass
 class SessionState:
     tenant: str
     session_id: str
@@ -36,6 +50,12 @@ class SessionState:
     by_handle: dict[str, StoredResult] = field(default_factory=dict)
     warned: set[str] = field(default_factory=set)
     kept: set[tuple[str, str]] = field(default_factory=set)  # over the threshold but summaries would not help
+    window: WindowState = field(default_factory=WindowState)
+
+    @property
+    def internal_tools_offered(self) -> bool:
+        """Once a result was replaced or history evicted, the internal tools stay offered (sticky)."""
+        return bool(self.by_handle) or (self.window.cut is not None and bool(self.window.headlines))
 
     def lookup(self, call_id: str, content: str) -> StoredResult | None:
         return self.by_key.get((call_id, content))
@@ -58,6 +78,8 @@ class Lookup(Protocol):
     def tool_result_rows(self, tenant: str, session_id: str) -> list[dict[str, Any]]: ...
 
     def tool_result_by_handle(self, tenant: str, handle: str) -> dict[str, Any] | None: ...
+
+    def session_window(self, tenant: str, session_id: str) -> dict[str, Any] | None: ...
 
 
 def _from_row(row: dict[str, Any]) -> StoredResult:
@@ -86,6 +108,11 @@ class StateStore:
             stored = _from_row(row)
             state.by_key[(stored.call_id, stored.content)] = stored
             state.by_handle[stored.handle] = stored
+        window = self._lookup.session_window(tenant, session_id) if self._lookup else None
+        if window:
+            state.window = WindowState(
+                cut=window["cut"], last_evicted=orjson.loads(window["last_evicted"]),
+                headlines=[Headline(**h) for h in orjson.loads(window["headlines"])], block=window["block"])
         with self._lock:
             self._sessions[key] = state
             while len(self._sessions) > SESSION_LIMIT:
@@ -112,6 +139,14 @@ class StateStore:
             "tool_name": tool_name, "content": content, "replacement": replacement, "kind": kind,
             "created_at": utc_now()}))
         return stored
+
+    def save_window(self, state: SessionState) -> None:
+        window = state.window
+        self.persist(TableRow("session_windows", {
+            "tenant": state.tenant, "session_id": state.session_id, "cut": window.cut,
+            "last_evicted": orjson.dumps(window.last_evicted).decode(),
+            "headlines": orjson.dumps([asdict(h) for h in window.headlines]).decode(), "block": window.block,
+            "updated_at": utc_now()}))
 
     def find(self, tenant: str, session_id: str, handle: str) -> StoredResult | None:
         """A stored original by handle: this session first, then the tenant's other live sessions."""

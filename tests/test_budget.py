@@ -21,7 +21,9 @@ TOKENS = TokenCounter()
 
 
 def policy(**budget) -> LoadedPolicy:
-    return LoadedPolicy("t", Policy.model_validate({"budget": {"max_input_tokens": 2000, **budget}}), None)
+    """Layer 2 on its own: the sliding window (which would evict first) is off here."""
+    return LoadedPolicy("t", Policy.model_validate({"budget": {"max_input_tokens": 2000, **budget},
+                                                    "window": {"enabled": False}}), None)
 
 
 def tool_history(results: int, words: int = 150) -> list[dict]:
@@ -91,7 +93,8 @@ def test_refuse_writes_a_redacted_private_checkpoint(tmp_path):
 
 def test_refusal_through_the_server(make_proxy, fake_upstream):
     proxy = make_proxy()
-    (proxy.policies_dir / "tiny.yaml").write_text("budget:\n  max_input_tokens: 1000\n")
+    (proxy.policies_dir / "tiny.yaml").write_text(
+        "budget:\n  max_input_tokens: 1000\nwindow:\n  enabled: false\n")
     secret_args = '{"password": "hunter2"}'
     messages = [{"role": "system", "content": "agent"}, {"role": "user", "content": "go"},
                 {"role": "assistant", "content": None, "tool_calls": [
@@ -119,7 +122,8 @@ def test_refusal_through_the_server(make_proxy, fake_upstream):
 
 def test_gate_headers_on_every_response(make_proxy, fake_upstream):
     proxy = make_proxy()
-    (proxy.policies_dir / "small.yaml").write_text("budget:\n  max_input_tokens: 2000\n")
+    (proxy.policies_dir / "small.yaml").write_text(
+        "budget:\n  max_input_tokens: 2000\nwindow:\n  enabled: false\n")
     response = httpx.post(f"{proxy.url}/p/small/v1/chat/completions",
                           json={"model": "gpt-4o", "messages": tool_history(11)})
     assert response.headers["x-ctxproxy-gate"] == "prune"

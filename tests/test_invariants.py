@@ -12,19 +12,26 @@ from proxy import pipeline
 from proxy.errors import ContextLengthExceeded
 from proxy.internal_tools import READ_TOOL_RESULT, ToolContext, execute
 from proxy.policy import LoadedPolicy, Policy
+from proxy.replay import pairing_errors
 from proxy.session import Session
 from proxy.state import StateStore
 from proxy.tokens import TokenCounter
-from tests.strategies import CLIENT_TOOLS, conversation, pairing_errors, request_prefixes
+from tests.strategies import CLIENT_TOOLS, conversation, request_prefixes
 
 TOKENS = TokenCounter()
 MODEL = "gpt-4o"
+
+
+def CLOCK() -> float:  # headlines carry times: a fixed clock keeps runs comparable
+    return 1_760_000_000.0
+
+
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def make_policy(window: int, threshold: int = 120) -> LoadedPolicy:
+def make_policy(window: int, threshold: int = 120, sliding: bool = True) -> LoadedPolicy:
     policy = Policy.model_validate({"tool_results": {"threshold_tokens": threshold},
-                                    "budget": {"max_input_tokens": window}})
+                                    "budget": {"max_input_tokens": window}, "window": {"enabled": sliding}})
     return LoadedPolicy("prop", policy, None)
 
 
@@ -35,7 +42,7 @@ def replay(messages, policy: LoadedPolicy, store: StateStore | None = None):
     results = []
     for prefix in request_prefixes(messages):
         sent = copy.deepcopy(prefix)
-        context = pipeline.PipelineContext(policy, session, "tenant-a", TOKENS, store)
+        context = pipeline.PipelineContext(policy, session, "tenant-a", TOKENS, store, now=CLOCK)
         try:
             outcome = pipeline.run(pipeline.Conversation(MODEL, sent, CLIENT_TOOLS), context)
         except ContextLengthExceeded:
@@ -46,20 +53,72 @@ def replay(messages, policy: LoadedPolicy, store: StateStore | None = None):
     return results, store
 
 
+def injected(message: dict) -> bool:
+    return isinstance(message.get("content"), str) and message["content"].startswith("[ctxproxy auto-summary")
+
+
+def align(sent: list[dict], forwarded: list[dict]) -> tuple[list[tuple[dict, dict]], list[dict]]:
+    """Pair each forwarded message, in order, with the sent message it is (or replaces, for tool results).
+
+    Returns the pairs and the forwarded messages that match nothing (injected blocks excluded).
+    """
+    pairs, missing, j = [], [], 0
+    for message in forwarded:
+        if injected(message):
+            continue
+        while j < len(sent) and not (sent[j] == message or (
+                sent[j]["role"] == "tool" and message["role"] == "tool"
+                and sent[j]["tool_call_id"] == message["tool_call_id"])):
+            j += 1
+        if j == len(sent):
+            missing.append(message)
+        else:
+            pairs.append((sent[j], message))
+        j += 1
+    return pairs, missing
+
+
 @SETTINGS
 @given(messages=conversation(), window=st.sampled_from([1500, 4000, 128_000]))
-def test_pairing_order_system_prompt_tools_and_last_user_message_are_kept(messages, window):
+def test_pairing_order_system_prompt_task_tools_and_last_user_message_are_kept(messages, window):
     results, _ = replay(messages, make_policy(window))
     for sent, outcome in results:
         if outcome is None:
             continue
-        assert pairing_errors(outcome.messages) == pairing_errors(sent)
-        assert [m["role"] for m in outcome.messages] == [m["role"] for m in sent]
-        assert outcome.messages[0] == sent[0]
-        last_user = max(i for i, m in enumerate(sent) if m["role"] == "user")
-        assert outcome.messages[last_user] == sent[last_user]
+        forwarded = outcome.messages
+        assert pairing_errors(forwarded) == [] or pairing_errors(forwarded) == pairing_errors(sent)
+        assert align(sent, forwarded)[1] == []
+        assert forwarded[0] == sent[0]  # the system prompt, first and unchanged
+        first_user = next(m for m in sent if m["role"] == "user")
+        assert first_user in forwarded  # the task statement
+        last_user = [m for m in sent if m["role"] == "user"][-1]
+        assert last_user in forwarded
         assert outcome.tools[:len(CLIENT_TOOLS)] == CLIENT_TOOLS
-        assert [t["function"]["name"] for t in outcome.tools[len(CLIENT_TOOLS):]] in ([], [READ_TOOL_RESULT])
+        assert [t["function"]["name"] for t in outcome.tools[len(CLIENT_TOOLS):]] in (
+            [], [READ_TOOL_RESULT, "recall"])
+
+
+@SETTINGS
+@given(messages=conversation(max_turns=10), window=st.sampled_from([1500, 4000]))
+def test_between_batches_the_forwarded_history_only_grows(messages, window):
+    """The cut is sticky: unless a batch was evicted or pruned, the last request prefixes this one."""
+    store = StateStore()
+    previous = None
+    batches = (0, 0)
+    for prefix in request_prefixes(messages):
+        context = pipeline.PipelineContext(make_policy(window), Session("s1", "header"), "tenant-a", TOKENS,
+                                           store, now=CLOCK)
+        try:
+            outcome = pipeline.run(pipeline.Conversation(MODEL, copy.deepcopy(prefix), CLIENT_TOOLS), context)
+        except ContextLengthExceeded:
+            previous = None
+            continue
+        state = store.get("tenant-a", "s1")
+        now = (len(state.window.headlines),
+               sum(1 for r in state.by_handle.values() if r.kind == "placeholder"))
+        if previous is not None and now == batches and outcome.tools == previous.tools:
+            assert outcome.messages[:len(previous.messages)] == previous.messages
+        previous, batches = outcome, now
 
 
 @SETTINGS
@@ -69,30 +128,26 @@ def test_rewriting_is_deterministic_and_sticky(messages, window):
     second, _ = replay(messages, make_policy(window))
     assert [orjson.dumps(o.messages) if o else None for _, o in first] == \
         [orjson.dumps(o.messages) if o else None for _, o in second]
-    # Sticky: a message replaced once is replaced identically in every later request.
-    seen: dict[tuple[int, str], str] = {}
+    # Sticky: a tool result replaced once is replaced identically in every later request.
+    replaced: dict[tuple[str, str], str] = {}
     for sent, outcome in first:
-        if outcome is None:
-            continue
-        for index, (before, after) in enumerate(zip(sent, outcome.messages, strict=True)):
+        for before, after in align(sent, outcome.messages)[0] if outcome else ():
             if before != after:
-                key = (index, orjson.dumps(before).decode())
-                assert seen.setdefault(key, orjson.dumps(after).decode()) == orjson.dumps(after).decode()
-        for (index, original), replaced in seen.items():
-            if index < len(sent) and orjson.dumps(sent[index]).decode() == original:
-                assert orjson.dumps(outcome.messages[index]).decode() == replaced
+                key = (before["tool_call_id"], before["content"])
+                assert replaced.setdefault(key, after["content"]) == after["content"]
 
 
 @SETTINGS
 @given(messages=conversation(), window=st.sampled_from([1500, 4000, 128_000]))
 def test_tokens_never_go_up_and_pass_means_within_budget(messages, window):
     results, _ = replay(messages, make_policy(window))
-    injected = TOKENS.tools([*CLIENT_TOOLS, {"type": "function", "function": {"name": READ_TOOL_RESULT}}],
-                            MODEL)
+    internal = [{"type": "function", "function": {"name": n}} for n in (READ_TOOL_RESULT, "recall")]
+    injected_tools = TOKENS.tools([*CLIENT_TOOLS, *internal], MODEL) + 200
     for _, outcome in results:
         if outcome is None:
             continue
-        assert outcome.tokens_after <= outcome.tokens_before + injected + 200
+        blocks = sum(TOKENS.message(m, MODEL) for m in outcome.messages if injected(m))
+        assert outcome.tokens_after <= outcome.tokens_before + injected_tools + blocks
         assert outcome.tokens_after * 1.05 < window  # nothing is ever forwarded over the window
         if outcome.gate == "pass":
             assert outcome.tokens_after * 1.05 < 0.70 * window
@@ -103,9 +158,7 @@ def test_tokens_never_go_up_and_pass_means_within_budget(messages, window):
 def test_nothing_is_lost_every_replacement_reads_back_byte_identical(messages, window):
     results, store = replay(messages, make_policy(window))
     for sent, outcome in results:
-        if outcome is None:
-            continue
-        for before, after in zip(sent, outcome.messages, strict=True):
+        for before, after in align(sent, outcome.messages)[0] if outcome else ():
             if before == after:
                 continue
             assert before["role"] == "tool"
@@ -113,24 +166,25 @@ def test_nothing_is_lost_every_replacement_reads_back_byte_identical(messages, w
             assert stored is not None and stored.handle in after["content"]
             call = {"function": {"name": READ_TOOL_RESULT,
                                  "arguments": orjson.dumps({"call_id": stored.handle}).decode()}}
-            read = execute(call, ToolContext(store, "tenant-a", "s1", page_chars=10**9))
-            assert read == before["content"]
+            assert execute(call, ToolContext(store, "tenant-a", "s1", page_chars=10**9)) == before["content"]
             other_tenant = execute(call, ToolContext(store, "tenant-b", "s1", page_chars=10**9))
             assert other_tenant.startswith("error:")
 
 
-def test_the_gate_states_are_reachable_so_the_properties_are_not_vacuous():
-    policy = make_policy(1500)
+def test_every_layer_is_reachable_so_the_properties_are_not_vacuous():
     tool_turns = []
     for k in range(10):
         call = {"id": f"c{k}", "type": "function", "function": {"name": "run", "arguments": "{}"}}
         tool_turns += [{"role": "assistant", "content": None, "tool_calls": [call]},
-                       {"role": "tool", "tool_call_id": f"c{k}", "content": "build ok " * 60}]
-    heavy = [{"role": "system", "content": "agent"}, {"role": "user", "content": "go"}, *tool_turns,
-             {"role": "user", "content": "next"}]
-    results, _ = replay(heavy, policy)
+                       {"role": "tool", "tool_call_id": f"c{k}", "content": "build ok " * 60},
+                       {"role": "user", "content": f"step {k} done, next"}]
+    heavy = [{"role": "system", "content": "agent"}, {"role": "user", "content": "go"}, *tool_turns]
+    results, _ = replay(heavy, make_policy(1500, sliding=False))
     gates = [o.gate for _, o in results if o]
     assert "pass" in gates and "prune" in gates
+    results, store = replay(heavy, make_policy(1500))
+    assert all(o is not None for _, o in results)  # with the window on, nothing is refused
+    assert store.get("tenant-a", "s1").window.headlines  # ... because exchanges were evicted
     huge = [{"role": "system", "content": "agent"}, {"role": "user", "content": "word " * 3000}]
-    results, _ = replay(huge, policy)
-    assert results[-1][1] is None  # refused
+    results, _ = replay(huge, make_policy(1500))
+    assert results[-1][1] is None  # refused: the task alone is over the window

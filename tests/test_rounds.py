@@ -51,7 +51,7 @@ def test_summary_replaces_big_result_and_read_back_is_byte_identical(proxy, fake
     assert "summary" in summary and "call_id=call_read" in summary
     assert 'read_tool_result(call_id="call_read")' in summary
     assert len(summary) < len(BIG) / 5
-    assert [t["function"]["name"] for t in first["tools"]] == ["read_file", "read_tool_result"]
+    assert [t["function"]["name"] for t in first["tools"]] == ["read_file", "read_tool_result", "recall"]
     assert int(raw.headers["x-ctxproxy-tokens-after"]) < int(raw.headers["x-ctxproxy-tokens-before"]) / 3
     proxy.flush()
     rows = list(proxy.state.archive._db.query("select status, forwarded_leaf from exchanges order by rowid"))

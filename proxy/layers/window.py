@@ -1,0 +1,141 @@
+"""Layer 3: the sliding window. Whole exchanges leave the forwarded history, oldest first, in batches.
+
+The cut is remembered per session: later requests drop exactly the same prefix, so the forwarded
+history grows append-only between batches and the provider's prompt cache keeps working. Never cut:
+the system prompt, the task statement (first user message), a tool call apart from its results, or
+the exchange in progress. Text-protocol agents (tool output sent back as user messages) are handled
+the same way, since every user message starts an exchange.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from proxy.layers.auto_summary import Count, headline, render
+
+if TYPE_CHECKING:
+    from proxy.state import SessionState
+
+
+@dataclass(frozen=True)
+class Eviction:
+    head_end: int  # messages[:head_end] are always kept (system prompt(s) + task statement)
+    cut: int  # messages[head_end:cut] are evicted
+    new_from: int  # start of the range evicted by this request (== cut when nothing new)
+
+
+def head_end(messages: list[dict[str, Any]]) -> int:
+    """Index after the leading system/developer messages and the first user message (the task)."""
+    index = 0
+    while index < len(messages) and messages[index].get("role") in ("system", "developer"):
+        index += 1
+    if index < len(messages) and messages[index].get("role") == "user":
+        index += 1
+    return index
+
+
+def valid_cuts(messages: list[dict[str, Any]], start: int, stop: int) -> list[int]:
+    """Indexes in [start, stop] where history may be cut: never between a call and its results."""
+    cuts, open_calls = [], 0
+    for index in range(start, min(stop, len(messages)) + 1):
+        if index == len(messages):
+            break
+        message = messages[index]
+        role = message.get("role")
+        if role == "tool":
+            open_calls = max(0, open_calls - 1)
+            continue
+        if open_calls == 0 and role in ("user", "assistant"):
+            cuts.append(index)
+        open_calls = len(message.get("tool_calls") or ()) if role == "assistant" else 0
+    return cuts
+
+
+def in_progress_start(messages: list[dict[str, Any]], head: int) -> int:
+    """Start of the exchange in progress: the last user message after the task, else the last turn."""
+    for index in range(len(messages) - 1, head - 1, -1):
+        if messages[index].get("role") == "user":
+            return index
+    cuts = valid_cuts(messages, head, len(messages))
+    return cuts[-1] if cuts else len(messages)
+
+
+def exchanges(messages: list[dict[str, Any]], start: int, stop: int) -> list[tuple[int, int]]:
+    """Split [start, stop) into exchanges: a new one at every user message (at every turn if none)."""
+    boundaries = [i for i in range(start, stop) if messages[i].get("role") == "user"]
+    if not boundaries or boundaries[0] != start:
+        boundaries = [start, *boundaries]
+    if len(boundaries) == 1 and stop - start > 1:  # no user turns (pure tool loops): split at turns
+        boundaries = [c for c in valid_cuts(messages, start, stop - 1) if c < stop] or [start]
+    ends = [*boundaries[1:], stop]
+    return [(a, b) for a, b in zip(boundaries, ends, strict=True) if a < b]
+
+
+def choose_cut(messages: list[dict[str, Any]], count: Count, previous_cut: int | None, fixed_tokens: int,
+               budget_tokens: int, low_water_tokens: int) -> Eviction:
+    """Keep the previous cut while the history fits; else evict one batch down to the low-water mark.
+
+    `fixed_tokens` is what is forwarded besides the messages (tools, injected blocks).
+    """
+    head = head_end(messages)
+    cut = previous_cut if previous_cut is not None and head <= previous_cut <= len(messages) else head
+    kept = fixed_tokens + sum(count(m) for m in messages[:head]) + sum(count(m) for m in messages[cut:])
+    if kept <= budget_tokens:
+        return Eviction(head, cut, cut)
+    protect_from = in_progress_start(messages, head)
+    candidates = [c for c in valid_cuts(messages, cut, protect_from) if cut < c <= protect_from]
+    best = cut
+    for candidate in candidates:
+        kept -= sum(count(m) for m in messages[best:candidate])
+        best = candidate
+        if kept <= low_water_tokens:
+            break
+    return Eviction(head, best, cut)
+
+
+def leading_system(messages: list[dict[str, Any]]) -> int:
+    index = 0
+    while index < len(messages) and messages[index].get("role") in ("system", "developer"):
+        index += 1
+    return index
+
+
+def slide(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state: SessionState,
+          count: Count, count_text: Callable[[str], int], *, budget_tokens: int, low_water_tokens: int,
+          summary_tokens: int, summary_role: str | None, fixed_tokens: int,
+          now: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:
+    """Apply the sticky cut (evicting a new batch if needed) to both index-aligned lists.
+
+    Returns the new (original, forwarded) lists, aligned, with the auto-summary block (if any) placed
+    after the system prompt, and whether a new batch was evicted. `summary_role` None: no block.
+    """
+    window = state.window
+    del window.first_seen[len(original):]  # a shorter history (the client compacted): times restart there
+    window.first_seen.extend([now] * (len(original) - len(window.first_seen)))
+    previous = window.cut
+    unchanged = previous is not None and previous <= len(original) and \
+        original[previous - 1] == window.last_evicted
+    if previous is not None and not unchanged:
+        previous = None  # the client edited what we had cut: start over rather than cut blindly
+        window.cut, window.last_evicted, window.headlines, window.block = None, None, [], None
+    block_tokens = count_text(window.block) if window.block else 0
+    eviction = choose_cut(forwarded, count, previous, fixed_tokens + block_tokens, budget_tokens,
+                          max(0, low_water_tokens - summary_tokens))
+    evicted_now = eviction.cut > eviction.new_from
+    if evicted_now:
+        for start, stop in exchanges(original, eviction.new_from, eviction.cut):
+            window.headlines.append(headline(original[start:stop], window.first_seen[start], count))
+        window.block = render(window.headlines, now, summary_tokens, count_text) if summary_role else None
+        window.cut, window.last_evicted = eviction.cut, original[eviction.cut - 1]
+    if window.cut is None or window.cut <= eviction.head_end:
+        return original, forwarded, evicted_now
+    system_end = leading_system(original)
+    block = [{"role": summary_role or "system", "content": window.block}] if window.block else []
+
+    def assemble(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [*messages[:system_end], *block, *messages[system_end:eviction.head_end],
+                *messages[window.cut:]]
+
+    return assemble(original), assemble(forwarded), evicted_now
