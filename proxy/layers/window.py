@@ -58,8 +58,7 @@ def in_progress_start(messages: list[dict[str, Any]], head: int) -> int:
     for index in range(len(messages) - 1, head - 1, -1):
         if messages[index].get("role") == "user":
             return index
-    cuts = valid_cuts(messages, head, len(messages))
-    return cuts[-1] if cuts else len(messages)
+    return in_progress_turn(messages, head)
 
 
 def exchanges(messages: list[dict[str, Any]], start: int, stop: int) -> list[tuple[int, int]]:
@@ -73,26 +72,58 @@ def exchanges(messages: list[dict[str, Any]], start: int, stop: int) -> list[tup
     return [(a, b) for a, b in zip(boundaries, ends, strict=True) if a < b]
 
 
+def anchor_for(messages: list[dict[str, Any]], head: int, cut: int) -> int | None:
+    """A cut inside an exchange keeps that exchange's user message (the request being worked on)."""
+    if cut >= len(messages) or messages[cut].get("role") == "user":
+        return None
+    for index in range(cut - 1, head - 1, -1):
+        if messages[index].get("role") == "user":
+            return index
+    return None
+
+
 def choose_cut(messages: list[dict[str, Any]], count: Count, previous_cut: int | None, fixed_tokens: int,
                budget_tokens: int, low_water_tokens: int) -> Eviction:
     """Keep the previous cut while the history fits; else evict one batch down to the low-water mark.
 
+    Whole exchanges go first. Only if the exchange in progress alone is still over the budget (long
+    tool loops after one user message) are its older turns evicted too, keeping its user message.
     `fixed_tokens` is what is forwarded besides the messages (tools, injected blocks).
     """
     head = head_end(messages)
     cut = previous_cut if previous_cut is not None and head <= previous_cut <= len(messages) else head
-    kept = fixed_tokens + sum(count(m) for m in messages[:head]) + sum(count(m) for m in messages[cut:])
+
+    suffix = [0] * (len(messages) + 1)  # suffix[i]: tokens of messages[i:]
+    for index in range(len(messages) - 1, -1, -1):
+        suffix[index] = suffix[index + 1] + count(messages[index])
+    base = fixed_tokens + suffix[0] - suffix[head]
+
+    def kept_tokens(at: int) -> int:
+        anchor = anchor_for(messages, head, at)
+        return base + suffix[at] + (count(messages[anchor]) if anchor is not None else 0)
+
+    kept = kept_tokens(cut)
     if kept <= budget_tokens:
         return Eviction(head, cut, cut)
     protect_from = in_progress_start(messages, head)
-    candidates = [c for c in valid_cuts(messages, cut, protect_from) if cut < c <= protect_from]
     best = cut
-    for candidate in candidates:
-        kept -= sum(count(m) for m in messages[best:candidate])
-        best = candidate
+    for candidate in [c for c in valid_cuts(messages, cut, protect_from) if cut < c <= protect_from]:
+        best, kept = candidate, kept_tokens(candidate)
         if kept <= low_water_tokens:
-            break
+            return Eviction(head, best, cut)
+    if kept > budget_tokens:
+        last_turn = in_progress_turn(messages, head)
+        for candidate in [c for c in valid_cuts(messages, best, last_turn) if best < c <= last_turn]:
+            best, kept = candidate, kept_tokens(candidate)
+            if kept <= low_water_tokens:
+                break
     return Eviction(head, best, cut)
+
+
+def in_progress_turn(messages: list[dict[str, Any]], head: int) -> int:
+    """Start of the newest turn (the last place history may be cut at all)."""
+    cuts = valid_cuts(messages, head, len(messages))
+    return cuts[-1] if cuts else len(messages)
 
 
 def leading_system(messages: list[dict[str, Any]]) -> int:
@@ -134,8 +165,11 @@ def slide(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state
     system_end = leading_system(original)
     block = [{"role": summary_role or "system", "content": window.block}] if window.block else []
 
+    anchor = anchor_for(original, eviction.head_end, window.cut)
+    kept_anchor = [anchor] if anchor is not None else []
+
     def assemble(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [*messages[:system_end], *block, *messages[system_end:eviction.head_end],
-                *messages[window.cut:]]
+                *(messages[i] for i in kept_anchor), *messages[window.cut:]]
 
     return assemble(original), assemble(forwarded), evicted_now
