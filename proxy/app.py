@@ -16,16 +16,27 @@ import httpx
 import orjson
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from proxy import model_summary, pipeline, rounds
+from proxy import commands, model_summary, pipeline, rounds
 from proxy.archive import ArchiveReader, ArchiveWriter, ExchangeRecord, utc_now
 from proxy.config import Config
 from proxy.errors import BadRequest, ContextLengthExceeded, CtxProxyError, PayloadTooLarge
-from proxy.internal_tools import ToolContext
+from proxy.internal_tools import ToolContext, format_hits
 from proxy.metrics import Metrics
 from proxy.policy import LoadedPolicy, PolicyStore
+from proxy.routes import (
+    admin_search,
+    error_response,
+    handle_client_disconnect,
+    handle_proxy_error,
+    handle_unexpected,
+    healthz,
+    metrics,
+    passthrough,
+    select_policy,
+)
 from proxy.session import Session, resolve_session, tenant_of
 from proxy.state import StateStore
 from proxy.tokens import TokenCounter, model_window
@@ -33,7 +44,6 @@ from proxy.upstream import ClientDisconnected, Upstream, response_headers, unles
 
 log = logging.getLogger("ctxproxy")
 
-POLICY_HEADER = "x-ctxproxy-policy"
 CHAT_ROUTE = "chat/completions"
 
 
@@ -46,6 +56,7 @@ class ProxyState:
     tokens: TokenCounter
     metrics: Metrics
     store: StateStore
+    reader: ArchiveReader
 
 
 # ------------------------------------------------------------------------------------ chat path
@@ -58,6 +69,10 @@ async def chat_completions(request: Request) -> Response:
     body = parse_chat_request(raw)
     tenant = tenant_of(request.headers)
     session = resolve_session(request.headers, body, tenant)
+
+    command = commands.parse(body) if policy.policy.commands.enabled else None
+    if command is not None:
+        return await answer_command(state, body, policy, session, tenant, command[1], started)
 
     conversation = pipeline.Conversation(str(body.get("model") or ""), body["messages"], body.get("tools"))
     context = pipeline.PipelineContext(policy, session, tenant, state.tokens, state.store,
@@ -113,12 +128,6 @@ async def chat_completions(request: Request) -> Response:
         events = relay_stream(response, rc.records[-1])
     return StreamingResponse(archived(events, rc.records, done), status_code=response.status_code,
                              headers=relayed)
-
-
-def select_policy(request: Request, store: PolicyStore) -> LoadedPolicy:
-    """URL prefix `/p/{policy}/v1` first, then the header, then `default`."""
-    name = request.path_params.get("policy") or request.headers.get(POLICY_HEADER) or "default"
-    return store.get(name)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -191,13 +200,39 @@ def rounds_context(state: ProxyState, request: Request, body: dict[str, Any],
         body=body, original=outcome.original or body["messages"], forwarded=outcome.messages,
         tools=outcome.tools,
         first_content=content,
-        tool_context=ToolContext(state.store, context.tenant, context.session.id, layer1.read_page_chars),
+        tool_context=ToolContext(state.store, context.tenant, context.session.id, layer1.read_page_chars,
+                                 search=state.reader.recall, policy=context.policy.name,
+                                 recall_results=context.policy.policy.window.recall_results),
         max_rounds=layer1.max_internal_rounds, window=outcome.window or 10**9,
         pad_pct=context.policy.policy.budget.pad_pct,
         gate=lambda original, forwarded, protected: pipeline.gate_round(
             original, forwarded, outcome.tools, model, context, protected),
         count=lambda messages, tools: tokens.request(messages, tools, model),
         new_record=new_record, submit=state.archive.submit)
+
+
+async def answer_command(state: ProxyState, body: dict[str, Any], policy: LoadedPolicy, session: Session,
+                         tenant: str, query: str, started: float) -> Response:
+    """`/recall QUERY`: the archive's hits as the assistant's answer; the model is not called."""
+    hits = await anyio.to_thread.run_sync(state.reader.recall, tenant, session.id, policy.name, query,
+                                          policy.policy.window.recall_results)
+    text = format_hits(query, hits, session.id, 1 << 20)
+    model = str(body.get("model") or "ctxproxy")
+    record = ExchangeRecord(
+        id=uuid.uuid4().hex, created_at=utc_now(), session_id=session.id, session_source=session.source,
+        tenant=tenant, policy=policy.name, route=CHAT_ROUTE, model=body.get("model"),
+        stream=body.get("stream") is True, request_messages=body["messages"],
+        params={k: v for k, v in body.items() if k != "messages"}, status=200, gate="command")
+    headers = {"x-ctxproxy-session": session.id, "x-ctxproxy-policy": policy.name, "x-ctxproxy-gate": "pass",
+               "x-ctxproxy-command": "recall"}
+    if record.stream:
+        record.response_chunks = commands.completion_chunks(text, model)
+        finish(state, [record], started, policy.name)
+        return StreamingResponse(iter(record.response_chunks), headers=headers,
+                                 media_type="text/event-stream")
+    record.response_body = commands.completion(text, model)
+    finish(state, [record], started, policy.name)
+    return Response(record.response_body, headers=headers, media_type="application/json")
 
 
 def refused(state: ProxyState, request: Request, body: dict[str, Any], policy: LoadedPolicy,
@@ -283,76 +318,6 @@ def finish(state: ProxyState, records: list[ExchangeRecord], started: float, pol
         state.metrics.tokens_after.labels(policy).inc(records[-1].tokens_after or 0)
 
 
-# ------------------------------------------------------------------------------- other routes
-
-async def passthrough(request: Request) -> Response:
-    """Any other /v1 route: bytes in, bytes out, headers minus hop-by-hop."""
-    state: ProxyState = request.app.state.proxy
-    if "policy" in request.path_params:
-        select_policy(request, state.policies)  # an unknown policy in the URL is still a 404
-    path = "/" + request.path_params["path"]
-    headers = state.upstream.request_headers(request.headers, identity=False)
-    if request.headers.get("content-length"):
-        headers["content-length"] = request.headers["content-length"]
-    has_body = request.method not in ("GET", "HEAD", "DELETE", "OPTIONS") or bool(
-        request.headers.get("content-length") or request.headers.get("transfer-encoding"))
-    content = request.stream() if has_body else None
-    started = time.perf_counter()
-    try:
-        response = await state.upstream.open(request.method, path, request.url.query.encode(), headers,
-                                             content)
-    except ClientDisconnect:
-        return Response(status_code=499)
-    except CtxProxyError as exc:
-        state.metrics.requests.labels("passthrough", str(exc.status), "-").inc()
-        return error_response(exc)
-    state.metrics.upstream_seconds.labels("passthrough").observe(time.perf_counter() - started)
-    state.metrics.requests.labels("passthrough", str(response.status_code), "-").inc()
-
-    async def body() -> AsyncIterator[bytes]:
-        try:
-            async for chunk in response.aiter_raw():
-                yield chunk
-        finally:
-            with anyio.CancelScope(shield=True):
-                await response.aclose()
-
-    return StreamingResponse(body(), status_code=response.status_code,
-                             headers=response_headers(response.headers, keep_length=True))
-
-
-# ------------------------------------------------------------------------------------- service
-
-async def healthz(request: Request) -> Response:
-    return JSONResponse({"status": "ok"})
-
-
-async def metrics(request: Request) -> Response:
-    state: ProxyState = request.app.state.proxy
-    return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
-
-
-def error_response(exc: CtxProxyError, headers: dict[str, str] | None = None) -> Response:
-    return Response(exc.body_bytes(), status_code=exc.status, headers=headers,
-                    media_type="application/json")
-
-
-async def handle_proxy_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, CtxProxyError)
-    if exc.status >= 500:
-        log.error("%s %s: %s", request.method, request.url.path, exc.message)
-    return error_response(exc)
-
-
-async def handle_unexpected(request: Request, exc: Exception) -> Response:
-    log.exception("unexpected error on %s %s", request.method, request.url.path)
-    return error_response(CtxProxyError(f"internal error in ctxproxy ({type(exc).__name__}); see the log"))
-
-
-async def handle_client_disconnect(request: Request, exc: Exception) -> Response:
-    return Response(status_code=499)
-
-
 def warm_up(tokens: TokenCounter, policies: PolicyStore) -> None:
     """Load encodings (and litellm's window map when a policy needs it) before the first request."""
     tokens.warm()
@@ -380,7 +345,7 @@ def build_app(config: Config, *, transport: httpx.AsyncBaseTransport | None = No
             config=config, policies=policies,
             upstream=Upstream(config.upstream, config.upstream_api_key(), transport=transport),
             archive=archive, tokens=tokens, metrics=Metrics(),
-            store=StateStore(persist=archive.submit, lookup=reader))
+            store=StateStore(persist=archive.submit, lookup=reader), reader=reader)
         try:
             yield
         finally:
@@ -393,6 +358,7 @@ def build_app(config: Config, *, transport: httpx.AsyncBaseTransport | None = No
     routes = [
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/ctxproxy/search", admin_search, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=chat_methods),
         Route("/p/{policy}/v1/chat/completions", chat_completions, methods=chat_methods),
         Route("/v1/{path:path}", passthrough, methods=any_method),

@@ -32,11 +32,20 @@ class UpstreamConfig(_Strict):
     max_keepalive_connections: int = Field(20, ge=0)
 
 
+class AdminConfig(_Strict):
+    token_env: str | None = None  # env var holding the admin API token; unset: the admin API is off
+    allow_remote: bool = False  # answer non-loopback clients too
+
+
 class Config(_Strict):
     server: ServerConfig = ServerConfig()
     upstream: UpstreamConfig = UpstreamConfig()
+    admin: AdminConfig = AdminConfig()
     data_dir: Path = Path("./data")
     policies_dir: Path | None = None
+
+    def admin_token(self) -> str | None:
+        return os.environ.get(self.admin.token_env) or None if self.admin.token_env else None
 
     def upstream_api_key(self) -> str | None:
         """The fallback key for clients that send none, read from the named environment variable."""

@@ -7,6 +7,7 @@ Every upstream call (round) is archived as its own exchange, internal messages i
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -67,7 +68,7 @@ class Conversation:
             body["tools"] = self.rc.tools
         return orjson.dumps(body)
 
-    def answer(self, content: str | None, calls: list[dict[str, Any]]) -> GateResult:
+    async def answer(self, content: str | None, calls: list[dict[str, Any]]) -> GateResult:
         """Append the internal calls and their results, then gate the next round."""
         assistant: dict[str, Any] = {"role": "assistant", "content": content or None, "tool_calls": calls}
         self.original.append(assistant)
@@ -78,8 +79,9 @@ class Conversation:
             if page < 400:
                 text = "error: no room left in the context window for more retrieved text"
             else:
-                text = execute(call, ToolContext(self.rc.tool_context.store, self.rc.tool_context.tenant,
-                                                 self.rc.tool_context.session_id, page))
+                # Archive searches and lookups touch SQLite: keep them off the event loop.
+                context = dataclasses.replace(self.rc.tool_context, page_chars=page)
+                text = await anyio.to_thread.run_sync(execute, call, context)
             result = {"role": "tool", "tool_call_id": call.get("id"), "content": text}
             self.original.append(result)
             self.forwarded.append(result)
@@ -137,7 +139,7 @@ async def complete(rc: RoundsContext) -> tuple[httpx.Response, bytes]:
         if conversation.round >= rc.max_rounds:
             _strip_internal(data, message, client_calls, rc.max_rounds)
             break
-        conversation.answer(message.get("content"), internal)
+        await conversation.answer(message.get("content"), internal)
     if conversation.round:
         if usage is not None:
             data["usage"] = usage
@@ -199,7 +201,7 @@ async def stream(rc: RoundsContext, first: httpx.Response) -> AsyncIterator[byte
             calls = [state.calls[i] for i in sorted(state.calls)]
             internal, client_calls = split_calls(calls)
             if internal and conversation.round < rc.max_rounds:
-                conversation.answer("".join(state.content), internal)
+                await conversation.answer("".join(state.content), internal)
                 await response.aclose()
                 response = await open_stream(rc, conversation.content())
                 if response.status_code != 200:

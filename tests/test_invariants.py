@@ -57,25 +57,16 @@ def injected(message: dict) -> bool:
     return isinstance(message.get("content"), str) and message["content"].startswith("[ctxproxy auto-summary")
 
 
-def align(sent: list[dict], forwarded: list[dict]) -> tuple[list[tuple[dict, dict]], list[dict]]:
-    """Pair each forwarded message, in order, with the sent message it is (or replaces, for tool results).
+def is_subsequence(kept: list[dict], sent: list[dict]) -> bool:
+    """Every kept message (injected blocks aside) is a sent message, in the same order."""
+    remaining = iter(sent)
+    return all(any(message == candidate for candidate in remaining)
+               for message in kept if not injected(message))
 
-    Returns the pairs and the forwarded messages that match nothing (injected blocks excluded).
-    """
-    pairs, missing, j = [], [], 0
-    for message in forwarded:
-        if injected(message):
-            continue
-        while j < len(sent) and not (sent[j] == message or (
-                sent[j]["role"] == "tool" and message["role"] == "tool"
-                and sent[j]["tool_call_id"] == message["tool_call_id"])):
-            j += 1
-        if j == len(sent):
-            missing.append(message)
-        else:
-            pairs.append((sent[j], message))
-        j += 1
-    return pairs, missing
+
+def replacements(outcome) -> list[tuple[dict, dict]]:
+    """(client message, forwarded message) pairs that differ; the pipeline returns both lists aligned."""
+    return [(a, b) for a, b in zip(outcome.original, outcome.messages, strict=True) if a != b]
 
 
 @SETTINGS
@@ -87,7 +78,9 @@ def test_pairing_order_system_prompt_task_tools_and_last_user_message_are_kept(m
             continue
         forwarded = outcome.messages
         assert pairing_errors(forwarded) == [] or pairing_errors(forwarded) == pairing_errors(sent)
-        assert align(sent, forwarded)[1] == []
+        assert is_subsequence(outcome.original, sent)
+        assert all(a["role"] == "tool" and a["tool_call_id"] == b["tool_call_id"]
+                   for a, b in replacements(outcome))
         assert forwarded[0] == sent[0]  # the system prompt, first and unchanged
         first_user = next(m for m in sent if m["role"] == "user")
         assert first_user in forwarded  # the task statement
@@ -130,11 +123,10 @@ def test_rewriting_is_deterministic_and_sticky(messages, window):
         [orjson.dumps(o.messages) if o else None for _, o in second]
     # Sticky: a tool result replaced once is replaced identically in every later request.
     replaced: dict[tuple[str, str], str] = {}
-    for sent, outcome in first:
-        for before, after in align(sent, outcome.messages)[0] if outcome else ():
-            if before != after:
-                key = (before["tool_call_id"], before["content"])
-                assert replaced.setdefault(key, after["content"]) == after["content"]
+    for _, outcome in first:
+        for before, after in replacements(outcome) if outcome else ():
+            key = (before["tool_call_id"], before["content"])
+            assert replaced.setdefault(key, after["content"]) == after["content"]
 
 
 @SETTINGS
@@ -157,10 +149,8 @@ def test_tokens_never_go_up_and_pass_means_within_budget(messages, window):
 @given(messages=conversation(), window=st.sampled_from([1500, 4000, 128_000]))
 def test_nothing_is_lost_every_replacement_reads_back_byte_identical(messages, window):
     results, store = replay(messages, make_policy(window))
-    for sent, outcome in results:
-        for before, after in align(sent, outcome.messages)[0] if outcome else ():
-            if before == after:
-                continue
+    for _, outcome in results:
+        for before, after in replacements(outcome) if outcome else ():
             assert before["role"] == "tool"
             stored = store.get("tenant-a", "s1").lookup(before["tool_call_id"], before["content"])
             assert stored is not None and stored.handle in after["content"]

@@ -1,0 +1,127 @@
+"""Every route but the chat path: byte passthrough, health, metrics, the admin search API, error pages."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import anyio
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from proxy.errors import BadRequest, CtxProxyError, NotFound
+from proxy.policy import LoadedPolicy, PolicyStore
+from proxy.upstream import response_headers
+
+if TYPE_CHECKING:
+    from proxy.app import ProxyState
+
+log = logging.getLogger("ctxproxy")
+
+POLICY_HEADER = "x-ctxproxy-policy"
+LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
+
+
+def select_policy(request: Request, store: PolicyStore) -> LoadedPolicy:
+    """URL prefix `/p/{policy}/v1` first, then the header, then `default`."""
+    name = request.path_params.get("policy") or request.headers.get(POLICY_HEADER) or "default"
+    return store.get(name)
+
+
+async def passthrough(request: Request) -> Response:
+    """Any other /v1 route: bytes in, bytes out, headers minus hop-by-hop."""
+    state: ProxyState = request.app.state.proxy
+    if "policy" in request.path_params:
+        select_policy(request, state.policies)  # an unknown policy in the URL is still a 404
+    path = "/" + request.path_params["path"]
+    headers = state.upstream.request_headers(request.headers, identity=False)
+    if request.headers.get("content-length"):
+        headers["content-length"] = request.headers["content-length"]
+    has_body = request.method not in ("GET", "HEAD", "DELETE", "OPTIONS") or bool(
+        request.headers.get("content-length") or request.headers.get("transfer-encoding"))
+    content = request.stream() if has_body else None
+    started = time.perf_counter()
+    try:
+        response = await state.upstream.open(request.method, path, request.url.query.encode(), headers,
+                                             content)
+    except ClientDisconnect:
+        return Response(status_code=499)
+    except CtxProxyError as exc:
+        state.metrics.requests.labels("passthrough", str(exc.status), "-").inc()
+        return error_response(exc)
+    state.metrics.upstream_seconds.labels("passthrough").observe(time.perf_counter() - started)
+    state.metrics.requests.labels("passthrough", str(response.status_code), "-").inc()
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in response.aiter_raw():
+                yield chunk
+        finally:
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
+
+    return StreamingResponse(body(), status_code=response.status_code,
+                             headers=response_headers(response.headers, keep_length=True))
+
+
+async def healthz(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def metrics(request: Request) -> Response:
+    state: ProxyState = request.app.state.proxy
+    return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+def error_response(exc: CtxProxyError, headers: dict[str, str] | None = None,
+                   status: int | None = None) -> Response:
+    return Response(exc.body_bytes(), status_code=status or exc.status, headers=headers,
+                    media_type="application/json")
+
+
+async def handle_proxy_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, CtxProxyError)
+    if exc.status >= 500:
+        log.error("%s %s: %s", request.method, request.url.path, exc.message)
+    return error_response(exc)
+
+
+async def handle_unexpected(request: Request, exc: Exception) -> Response:
+    log.exception("unexpected error on %s %s", request.method, request.url.path)
+    return error_response(CtxProxyError(f"internal error in ctxproxy ({type(exc).__name__}); see the log"))
+
+
+async def handle_client_disconnect(request: Request, exc: Exception) -> Response:
+    return Response(status_code=499)
+
+
+async def admin_search(request: Request) -> Response:
+    """`GET /ctxproxy/search?q=...[&session=...&limit=...]` over the whole archive, for operators."""
+    state: ProxyState = request.app.state.proxy
+    admin = state.config.admin
+    token = state.config.admin_token()
+    if token is None:
+        raise NotFound("the admin API is off: set admin.token_env to the name of an environment variable "
+                       "holding the admin token", code="admin_disabled")
+    client = request.client.host if request.client else ""
+    if not admin.allow_remote and client not in LOOPBACK:
+        return error_response(CtxProxyError("the admin API answers loopback clients only "
+                                            "(admin.allow_remote)", code="forbidden"), status=403)
+    offered = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+    if not hmac.compare_digest(offered.encode(), token.encode()):
+        return error_response(CtxProxyError("missing or wrong admin token", code="unauthorized"), status=401)
+    query = request.query_params.get("q", "").strip()
+    if not query:
+        raise BadRequest("the query parameter q is required", param="q", code="missing_query")
+    try:
+        limit = max(1, min(100, int(request.query_params.get("limit", "20"))))
+    except ValueError:
+        raise BadRequest("limit must be an integer", param="limit", code="invalid_limit") from None
+    hits = await anyio.to_thread.run_sync(lambda: state.reader.search(
+        query, session_id=request.query_params.get("session"), limit=limit))
+    for hit in hits:
+        hit.pop("body", None)
+    return JSONResponse({"query": query, "hits": hits})
