@@ -39,6 +39,7 @@ class WindowState:
     last_evicted: dict[str, Any] | None = None  # messages[cut - 1], to notice an edited history
     headlines: list[Headline] = field(default_factory=list)
     block: str | None = None  # the rendered auto-summary, repeated until the next batch
+    block_tokens: int = 0
     first_seen: list[float] = field(default_factory=list)  # when each message index first arrived
 
 

@@ -6,6 +6,7 @@ the litellm package, which we locate without importing it (importing litellm cos
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import threading
@@ -39,6 +40,7 @@ def _prepare_offline_env() -> None:
         os.environ["TIKTOKEN_CACHE_DIR"] = str(_litellm_resource_dir())
 
 
+@functools.lru_cache(maxsize=1024)
 def encoding_name_for(model: str) -> str:
     """Pick the tokenizer family for a model name (provider prefixes are ignored)."""
     bare = model.rsplit("/", 1)[-1].lower()

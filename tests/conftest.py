@@ -46,8 +46,8 @@ class RunningProxy:
         assert self.state.archive.flush(), "archive writer did not flush"
 
     def client(self, api_key: str = "sk-test-key", **kwargs) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=30,
-                             **kwargs)
+        kwargs.setdefault("base_url", f"{self.url}/v1")
+        return openai.OpenAI(api_key=api_key, max_retries=0, timeout=30, **kwargs)
 
 
 def write_config(tmp_path: Path, upstream_url: str, extra: dict | None = None) -> Path:

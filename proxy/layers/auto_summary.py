@@ -50,6 +50,9 @@ def headline(messages: list[dict[str, Any]], at: float, count: Count) -> Headlin
     return Headline(at, asked, tools, outcome, sum(count(m) for m in messages))
 
 
+AGE_LABELS = ("Earlier in this session", "Yesterday", "This week", "Older")
+
+
 def _age_label(at: float, now: float) -> str:
     day = datetime.fromtimestamp(now, UTC).date()
     then = datetime.fromtimestamp(at, UTC).date()
@@ -73,20 +76,32 @@ def _line(entry: Headline, full: bool) -> str:
     return text
 
 
-def render(entries: list[Headline], now: float, max_tokens: int, count_text: Any) -> str:
-    """The block's text. Oldest entries lose their details first, then are dropped (and counted)."""
+def render(entries: list[Headline], now: float, max_tokens: int, count_text: Callable[[str], int]) -> str:
+    """The block's text. Oldest entries lose their details first, then are dropped (and counted).
+
+    Line costs are measured once; the block is composed once, then checked (and trimmed if the
+    estimate was off by a few tokens).
+    """
     total_tokens = sum(e.tokens for e in entries)
-    full = [True] * len(entries)
+    full_cost = [count_text(_line(e, True)) + 1 for e in entries]
+    short_cost = [count_text(_line(e, False)) + 1 for e in entries]
+    frame = count_text(_compose([], [], 1, total_tokens, len(entries), now)) + 8 * len(AGE_LABELS)
+    detailed = [True] * len(entries)
+    cost = sum(full_cost)
+    for index in range(len(entries) - 1):  # the newest keeps its details longest
+        if frame + cost <= max_tokens:
+            break
+        detailed[index] = False
+        cost -= full_cost[index] - short_cost[index]
     dropped = 0
+    while dropped < len(entries) and frame + cost > max_tokens:
+        cost -= full_cost[dropped] if detailed[dropped] else short_cost[dropped]
+        dropped += 1
     while True:
-        text = _compose(entries[dropped:], full[dropped:], dropped, total_tokens, len(entries), now)
-        if count_text(text) <= max_tokens or dropped >= len(entries):
+        text = _compose(entries[dropped:], detailed[dropped:], dropped, total_tokens, len(entries), now)
+        if dropped >= len(entries) or count_text(text) <= max_tokens:
             return text
-        detailed = next((i for i in range(dropped, len(entries)) if full[i]), None)
-        if detailed is not None and detailed < len(entries) - 1:
-            full[detailed] = False
-        else:
-            dropped += 1
+        dropped += 1
 
 
 def _compose(entries: list[Headline], full: list[bool], dropped: int, total_tokens: int, total: int,

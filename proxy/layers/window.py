@@ -151,7 +151,9 @@ def slide(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state
     if previous is not None and not unchanged:
         previous = None  # the client edited what we had cut: start over rather than cut blindly
         window.cut, window.last_evicted, window.headlines, window.block = None, None, [], None
-    block_tokens = count_text(window.block) if window.block else 0
+    if window.block and not window.block_tokens:
+        window.block_tokens = count_text(window.block)  # e.g. restored after a restart
+    block_tokens = window.block_tokens if window.block else 0
     eviction = choose_cut(forwarded, count, previous, fixed_tokens + block_tokens, budget_tokens,
                           max(0, low_water_tokens - summary_tokens))
     evicted_now = eviction.cut > eviction.new_from
@@ -159,6 +161,7 @@ def slide(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state
         for start, stop in exchanges(original, eviction.new_from, eviction.cut):
             window.headlines.append(headline(original[start:stop], window.first_seen[start], count))
         window.block = render(window.headlines, now, summary_tokens, count_text) if summary_role else None
+        window.block_tokens = count_text(window.block) if window.block else 0
         window.cut, window.last_evicted = eviction.cut, original[eviction.cut - 1]
     if window.cut is None or window.cut <= eviction.head_end:
         return original, forwarded, evicted_now
