@@ -89,6 +89,20 @@ def message_id(parent_id: str, body: bytes) -> str:
     return hashlib.sha256(parent_id.encode() + b"\0" + body).hexdigest()[:32]
 
 
+def scope_token(kind: str, value: str) -> str:
+    """One alphanumeric token per tenant / session / policy, indexed next to the text."""
+    return kind + hashlib.sha1(value.encode()).hexdigest()[:16]
+
+
+def scope_of(tenant: str, session_id: str, policy: str) -> str:
+    # Project = tenant + policy as one token: intersecting two large doclists would cost more.
+    return " ".join((scope_token("tn", tenant), scope_token("ss", session_id), project_token(tenant, policy)))
+
+
+def project_token(tenant: str, policy: str) -> str:
+    return scope_token("tp", tenant + "\0" + policy)
+
+
 def searchable_text(message: Any) -> str:
     if not isinstance(message, dict):
         return str(message)
@@ -187,6 +201,7 @@ class ArchiveWriter:
                 rows.append({
                     "id": node, "parent_id": parent, "tenant": record.tenant,
                     "session_id": record.session_id, "policy": record.policy,
+                    "scope": scope_of(record.tenant, record.session_id, record.policy),
                     "role": message.get("role") if isinstance(message, dict) else None,
                     "text": searchable_text(message), "body": body.decode(), "created_at": record.created_at,
                 })
@@ -243,7 +258,8 @@ class ArchiveWriter:
         node = message_id(parent, body)
         self._db["messages"].insert({
             "id": node, "parent_id": parent, "tenant": record.tenant, "session_id": record.session_id,
-            "policy": record.policy, "role": message.get("role"), "text": searchable_text(message),
+            "policy": record.policy, "scope": scope_of(record.tenant, record.session_id, record.policy),
+            "role": message.get("role"), "text": searchable_text(message),
             "body": body.decode(), "created_at": record.created_at,
         }, ignore=True)
         return node
@@ -323,9 +339,19 @@ class ArchiveReader:
                policy: str | None = None, exclude_session: str | None = None,
                limit: int = 10) -> list[dict[str, Any]]:
         """BM25-ranked full-text hits with snippets; every filter is optional."""
-        match = fts_query(query)
-        if not match:
+        words = fts_query(query)
+        if not words:
             return []
+        # The scope filters go into the MATCH too, so FTS5 ranks only this scope's documents.
+        if session_id is not None:
+            scope = [f'scope:"{scope_token("ss", session_id)}"']
+        elif tenant is not None and policy is not None:
+            scope = [f'scope:"{project_token(tenant, policy)}"']
+        else:
+            scope = [f'scope:"{scope_token("tn", tenant)}"'] if tenant is not None else []
+        match = " AND ".join([*scope, f"text:({words})"])
+        if exclude_session is not None:
+            match += f' NOT scope:"{scope_token("ss", exclude_session)}"'
         where, params = ["messages_fts match ?"], [match]
         for clause, value in (("messages.tenant = ?", tenant), ("messages.session_id = ?", session_id),
                               ("messages.policy = ?", policy), ("messages.session_id != ?", exclude_session)):

@@ -66,3 +66,13 @@ def m003_policy_scope_and_windows(db: Database) -> None:
          "updated_at": str},
         pk=("tenant", "session_id"),
     )
+
+
+@migrations()
+def m004_fts_scope(db: Database) -> None:
+    # Scope tokens (tenant, session, policy) inside the full-text index let FTS5 intersect a query with
+    # one tenant's or session's documents before ranking, instead of ranking the whole archive.
+    db["messages"].add_column("scope", str)
+    db["messages"].disable_fts()
+    db["messages"].enable_fts(["text", "scope"], fts_version="FTS5", create_triggers=True,
+                              tokenize="porter", replace=True)
