@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -57,6 +58,13 @@ class ProxyState:
     metrics: Metrics
     store: StateStore
     reader: ArchiveReader
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Fire and forget, but keep a reference (and cancel leftovers at shutdown)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
 
 # ------------------------------------------------------------------------------------ chat path
@@ -87,6 +95,11 @@ async def chat_completions(request: Request) -> Response:
         outcome = pipeline.run(conversation, context)
     except ContextLengthExceeded as refusal:
         return refused(state, request, body, policy, session, tenant, refusal, started)
+    summary_model = policy.policy.summary.summarizer_model
+    if outcome.evicted and summary_model:  # never blocks: headlines are picked up at the next batch
+        state.background(model_summary.write_headlines(
+            state.upstream, state.upstream.request_headers(request.headers, identity=True), summary_model,
+            outcome.evicted, policy.policy.tool_results.summarizer_timeout_s))
     content = raw if not outcome.changed else rewritten_body(body, outcome)
     state.metrics.gate.labels(policy.name, outcome.gate).inc()
     ours = ctxproxy_headers(session, policy, outcome)
@@ -349,6 +362,8 @@ def build_app(config: Config, *, transport: httpx.AsyncBaseTransport | None = No
         try:
             yield
         finally:
+            for task in list(app.state.proxy.tasks):
+                task.cancel()
             await app.state.proxy.upstream.aclose()
             archive.close()
             reader.close()

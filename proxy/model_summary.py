@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import anyio
 import orjson
@@ -58,3 +59,28 @@ async def prepare(upstream: Upstream, headers: dict[str, str], model: str,
                                      for _, content, tool in pending))
     pairs = zip(pending, results, strict=True)
     return {(call_id, content): summary for (call_id, content, _), summary in pairs if summary is not None}
+
+
+HEADLINE_PROMPT = (
+    "Write one line of at most 25 words saying what this part of an agent conversation was about: what "
+    "was asked, which tools ran, and the outcome. Copy ids, paths and numbers exactly. No preamble.")
+
+
+async def write_headlines(upstream: Upstream, headers: dict[str, str], model: str,
+                          evicted: list[tuple[Any, list[dict[str, Any]]]], timeout_s: float) -> None:
+    """Background: model-written headlines for evicted exchanges, picked up at the next batch."""
+    for entry, messages in evicted:
+        transcript = "\n".join(f"{m.get('role')}: {str(m.get('content') or '')[:2000]}" for m in messages)
+        body = {"model": model, "temperature": 0, "messages": [
+            {"role": "system", "content": HEADLINE_PROMPT}, {"role": "user", "content": transcript[:20000]}]}
+        try:
+            with anyio.fail_after(timeout_s):
+                response = await upstream.open("POST", "/chat/completions", b"", headers, orjson.dumps(body))
+                payload = await Upstream.read(response, upstream.base_url)
+            line = orjson.loads(payload)["choices"][0]["message"]["content"] if response.status_code == 200 \
+                else None
+        except Exception as exc:  # the deterministic headline stays
+            log.warning("headline model %s failed (%s)", model, type(exc).__name__)
+            return
+        if isinstance(line, str) and line.strip():
+            entry.model_line = " ".join(line.split())[:300]

@@ -9,7 +9,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ class Outcome:
     window: int = 0
     internal_tools: bool = False
     original: list[dict[str, Any]] | None = None  # the client's messages aligned with `messages`
+    evicted: list[window.Evicted] = field(default_factory=list)  # exchanges this request evicted
 
 
 @dataclass
@@ -76,8 +77,9 @@ def run(conversation: Conversation, context: PipelineContext) -> Outcome:
                                enabled=layer1.enabled and can_offer_tools,
                                tools_tokens=tokens.tools(conversation.tools, model),
                                prepared=context.prepared)
+    evicted: list[window.Evicted] = []
     if policy.window.enabled and can_offer_tools:
-        original, messages = slide_window(original, messages, state, context, conversation)
+        original, messages, evicted = slide_window(original, messages, state, context, conversation)
     tools = _tools_for(conversation.tools, state, policy, can_offer_tools)
     total = tokens.request(messages, tools, model)
 
@@ -91,12 +93,13 @@ def run(conversation: Conversation, context: PipelineContext) -> Outcome:
     return Outcome(result.messages, tools, changed=result.messages is not conversation.messages
                    or tools is not conversation.tools, tokens_before=before, tokens_after=total,
                    gate=result.gate, window=result.window, internal_tools=tools is not conversation.tools,
-                   original=original)
+                   original=original, evicted=evicted)
 
 
 def slide_window(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state: SessionState,
                  context: PipelineContext,
-                 conversation: Conversation) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+                 conversation: Conversation) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
+                                                      list[window.Evicted]]:
     """Layer 3: evict whole exchanges in batches; the auto-summary block stands in for them."""
     policy, tokens, model = context.policy.policy, context.tokens, conversation.model
     budget_tokens = policy.window.max_tokens or math.floor(
@@ -110,7 +113,7 @@ def slide_window(original: list[dict[str, Any]], forwarded: list[dict[str, Any]]
         fixed_tokens=tokens.tools([*(conversation.tools or []), *internal], model), now=context.now())
     if evicted:
         context.store.save_window(state)
-    return original, forwarded
+    return original, forwarded, evicted
 
 
 def needs_model_summaries(conversation: Conversation, context: PipelineContext) -> Pending:

@@ -128,6 +128,7 @@ class FakeUpstream:
     def __init__(self) -> None:
         self.seen: list[Seen] = []
         self.script: deque[Step | Callable[[Seen], Step]] = deque()
+        self.by_model: dict[str, Callable[[Seen], Step]] = {}  # answers for a model, outside the script
         self.got_request = threading.Event()
         self.saw_disconnect = threading.Event()
         self.app = Starlette(routes=[
@@ -138,6 +139,7 @@ class FakeUpstream:
     def reset(self) -> None:
         self.seen.clear()
         self.script.clear()
+        self.by_model.clear()
         self.got_request.clear()
         self.saw_disconnect.clear()
 
@@ -165,7 +167,11 @@ class FakeUpstream:
 
     async def chat(self, request: Request) -> Response:
         seen = await self._record(request)
-        step = self.script.popleft() if self.script else None
+        model = orjson.loads(seen.body).get("model") if seen.body.startswith(b"{") else None
+        if model in self.by_model:
+            step = self.by_model[model](seen)
+        else:
+            step = self.script.popleft() if self.script else None
         if callable(step):
             step = step(seen)
         if step is None:

@@ -3,6 +3,8 @@ recallable (tool and slash command, streaming and not), and the admin search API
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import orjson
 import pytest
@@ -162,3 +164,32 @@ def test_admin_search_needs_the_token(make_proxy, fake_upstream, monkeypatch):
 def test_admin_search_is_off_without_a_token(proxy, fake_upstream):
     response = httpx.get(f"{proxy.url}/ctxproxy/search", params={"q": "x"})
     assert response.status_code == 404 and response.json()["error"]["code"] == "admin_disabled"
+
+
+def test_model_headlines_arrive_in_the_background_and_show_from_the_next_batch(make_proxy, fake_upstream):
+    proxy = make_proxy()
+    (proxy.policies_dir / "heads.yaml").write_text(
+        "budget:\n  max_input_tokens: 4000\nsummary:\n  summarizer_model: head-model\n")
+    fake_upstream.by_model["head-model"] = lambda seen: Step(content="MODEL HEADLINE: built a module")
+    messages = [{"role": "system", "content": "You are a build agent."},
+                {"role": "user", "content": "Build every module."}]
+    blocks: list[str] = []
+    for k in range(30):
+        response = httpx.post(f"{proxy.url}/p/heads/v1/chat/completions", timeout=30,
+                              json={"model": "gpt-4o", "messages": messages},
+                              headers={"x-ctxproxy-session": "heads-1"})
+        assert response.status_code == 200
+        forwarded = [r for r in fake_upstream.chat_requests if r.json()["model"] == "gpt-4o"][-1].json()
+        block = forwarded["messages"][1]["content"]
+        if block.startswith("[ctxproxy auto-summary") and (not blocks or blocks[-1] != block):
+            blocks.append(block)
+            deadline = time.monotonic() + 10
+            while proxy.state.tasks and time.monotonic() < deadline:  # condition wait: headlines written
+                time.sleep(0.01)
+        if len(blocks) == 2:
+            break
+        messages += tool_turn(k)
+    assert len(blocks) == 2, "expected two eviction batches"
+    assert "MODEL HEADLINE" not in blocks[0]  # the first batch is rendered before any model answered
+    assert "MODEL HEADLINE: built a module" in blocks[1]  # picked up at the next batch
+    assert any(r.json()["model"] == "head-model" for r in fake_upstream.chat_requests)

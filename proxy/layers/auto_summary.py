@@ -24,6 +24,7 @@ class Headline:
     tools: str
     outcome: str
     tokens: int
+    model_line: str | None = None  # written later by summary.summarizer_model, used from the next batch
 
 
 def _first_line(text: Any) -> str:
@@ -68,6 +69,8 @@ def _age_label(at: float, now: float) -> str:
 def _line(entry: Headline, full: bool) -> str:
     when = datetime.fromtimestamp(entry.at, UTC).strftime("%a %H:%M")
     size = f"~{entry.tokens / 1000:.1f}k tokens" if entry.tokens >= 1000 else f"~{entry.tokens} tokens"
+    if full and entry.model_line:
+        return f"- ({when}, {size}) {entry.model_line}"
     text = f"- ({when}, {size}) {entry.asked or '(no text)'}"
     if full and entry.tools:
         text += f" · tools: {entry.tools}"

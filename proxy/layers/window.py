@@ -13,10 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from proxy.layers.auto_summary import Count, headline, render
+from proxy.layers.auto_summary import Count, Headline, headline, render
 
 if TYPE_CHECKING:
     from proxy.state import SessionState
+
+
+Evicted = tuple[Headline, list[dict[str, Any]]]  # a headline and the exchange it stands for
 
 
 @dataclass(frozen=True)
@@ -136,11 +139,11 @@ def leading_system(messages: list[dict[str, Any]]) -> int:
 def slide(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state: SessionState,
           count: Count, count_text: Callable[[str], int], *, budget_tokens: int, low_water_tokens: int,
           summary_tokens: int, summary_role: str | None, fixed_tokens: int,
-          now: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:
+          now: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Evicted]]:
     """Apply the sticky cut (evicting a new batch if needed) to both index-aligned lists.
 
     Returns the new (original, forwarded) lists, aligned, with the auto-summary block (if any) placed
-    after the system prompt, and whether a new batch was evicted. `summary_role` None: no block.
+    after the system prompt, and what this request newly evicted. `summary_role` None: no block.
     """
     window = state.window
     del window.first_seen[len(original):]  # a shorter history (the client compacted): times restart there
@@ -156,10 +159,12 @@ def slide(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state
     block_tokens = window.block_tokens if window.block else 0
     eviction = choose_cut(forwarded, count, previous, fixed_tokens + block_tokens, budget_tokens,
                           max(0, low_water_tokens - summary_tokens))
-    evicted_now = eviction.cut > eviction.new_from
-    if evicted_now:
+    evicted_now: list[Evicted] = []
+    if eviction.cut > eviction.new_from:
         for start, stop in exchanges(original, eviction.new_from, eviction.cut):
-            window.headlines.append(headline(original[start:stop], window.first_seen[start], count))
+            entry = headline(original[start:stop], window.first_seen[start], count)
+            window.headlines.append(entry)
+            evicted_now.append((entry, original[start:stop]))
         window.block = render(window.headlines, now, summary_tokens, count_text) if summary_role else None
         window.block_tokens = count_text(window.block) if window.block else 0
         window.cut, window.last_evicted = eviction.cut, original[eviction.cut - 1]
