@@ -20,7 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy.archive import ArchiveReader, open_database, scope_of
+from proxy.archive import open_database, scope_of
+from proxy.reader import ArchiveReader
 
 TENANTS, SESSIONS = 20, 2000
 

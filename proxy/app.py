@@ -21,12 +21,13 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from proxy import commands, model_summary, pipeline, rounds
-from proxy.archive import ArchiveReader, ArchiveWriter, ExchangeRecord, utc_now
+from proxy.archive import ArchiveWriter, ExchangeRecord, request_params, utc_now
 from proxy.config import Config
 from proxy.errors import BadRequest, ContextLengthExceeded, CtxProxyError, PayloadTooLarge
 from proxy.internal_tools import ToolContext, format_hits
 from proxy.metrics import Metrics
 from proxy.policy import LoadedPolicy, PolicyStore
+from proxy.reader import ArchiveReader
 from proxy.routes import (
     admin_search,
     error_response,
@@ -189,6 +190,16 @@ def rewritten_body(body: dict[str, Any], outcome: pipeline.Outcome) -> bytes:
     return orjson.dumps(updated)
 
 
+def exchange_record(body: dict[str, Any], policy: LoadedPolicy, session: Session, tenant: str,
+                    **fields: Any) -> ExchangeRecord:
+    """The archive record of one upstream call (or of an answer the proxy gave itself)."""
+    return ExchangeRecord(
+        id=uuid.uuid4().hex, created_at=utc_now(), session_id=session.id, session_source=session.source,
+        tenant=tenant, policy=policy.name, route=CHAT_ROUTE, model=body.get("model"),
+        stream=body.get("stream") is True, request_messages=body["messages"], params=request_params(body),
+        **fields)
+
+
 def rounds_context(state: ProxyState, request: Request, body: dict[str, Any],
                    conversation: pipeline.Conversation, outcome: pipeline.Outcome,
                    context: pipeline.PipelineContext, headers: dict[str, str],
@@ -198,15 +209,12 @@ def rounds_context(state: ProxyState, request: Request, body: dict[str, Any],
     layer1 = context.policy.policy.tool_results
 
     def new_record(forwarded: list[dict[str, Any]], _gate: Any) -> ExchangeRecord:
-        changed = forwarded is not body["messages"]
-        return ExchangeRecord(
-            id=uuid.uuid4().hex, created_at=utc_now(), session_id=context.session.id,
-            session_source=context.session.source, tenant=context.tenant, policy=context.policy.name,
-            route=CHAT_ROUTE, model=body.get("model"), stream=body.get("stream") is True,
-            request_messages=body["messages"], params={k: v for k, v in body.items() if k != "messages"},
-            forwarded_messages=forwarded if changed else None, tokens_before=outcome.tokens_before,
+        return exchange_record(
+            body, context.policy, context.session, context.tenant,
+            forwarded_messages=forwarded if forwarded is not body["messages"] else None,
+            tokens_before=outcome.tokens_before, gate=outcome.gate,
             tokens_after=outcome.tokens_after if forwarded is outcome.messages
-            else tokens.request(forwarded, outcome.tools, model), gate=outcome.gate)
+            else tokens.request(forwarded, outcome.tools, model))
 
     return rounds.RoundsContext(
         upstream=state.upstream, path="/" + CHAT_ROUTE, query=request.url.query.encode(), headers=headers,
@@ -231,11 +239,7 @@ async def answer_command(state: ProxyState, body: dict[str, Any], policy: Loaded
                                           policy.policy.window.recall_results)
     text = format_hits(query, hits, session.id, 1 << 20)
     model = str(body.get("model") or "ctxproxy")
-    record = ExchangeRecord(
-        id=uuid.uuid4().hex, created_at=utc_now(), session_id=session.id, session_source=session.source,
-        tenant=tenant, policy=policy.name, route=CHAT_ROUTE, model=body.get("model"),
-        stream=body.get("stream") is True, request_messages=body["messages"],
-        params={k: v for k, v in body.items() if k != "messages"}, status=200, gate="command")
+    record = exchange_record(body, policy, session, tenant, status=200, gate="command")
     headers = {"x-ctxproxy-session": session.id, "x-ctxproxy-policy": policy.name, "x-ctxproxy-gate": "pass",
                "x-ctxproxy-command": "recall"}
     if record.stream:
@@ -251,12 +255,8 @@ async def answer_command(state: ProxyState, body: dict[str, Any], policy: Loaded
 def refused(state: ProxyState, request: Request, body: dict[str, Any], policy: LoadedPolicy,
             session: Session, tenant: str, refusal: ContextLengthExceeded, started: float) -> Response:
     """The gate refused: archive the attempt and answer like a provider would (400)."""
-    record = ExchangeRecord(
-        id=uuid.uuid4().hex, created_at=utc_now(), session_id=session.id, session_source=session.source,
-        tenant=tenant, policy=policy.name, route=CHAT_ROUTE, model=body.get("model"),
-        stream=body.get("stream") is True, request_messages=body["messages"],
-        params={k: v for k, v in body.items() if k != "messages"}, status=refusal.status, gate="refuse",
-        tokens_before=refusal.extra.get("estimated_tokens"), error=refusal.message)
+    record = exchange_record(body, policy, session, tenant, status=refusal.status, gate="refuse",
+                             tokens_before=refusal.extra.get("estimated_tokens"), error=refusal.message)
     state.metrics.gate.labels(policy.name, "refuse").inc()
     finish(state, [record], started, policy.name)
     headers = {"x-ctxproxy-session": session.id, "x-ctxproxy-policy": policy.name,

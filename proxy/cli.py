@@ -50,7 +50,7 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
 
 
 def _reader(args: argparse.Namespace):
-    from proxy.archive import ArchiveReader
+    from proxy.reader import ArchiveReader
 
     return ArchiveReader(_config(args).data_dir / "archive.db")
 

@@ -10,7 +10,8 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.archive import ArchiveReader, ArchiveWriter, ExchangeRecord, utc_now
+from proxy.archive import ArchiveWriter, ExchangeRecord, utc_now
+from proxy.reader import ArchiveReader
 from tests.servers import Step
 
 
