@@ -76,3 +76,11 @@ def m004_fts_scope(db: Database) -> None:
     db["messages"].disable_fts()
     db["messages"].enable_fts(["text", "scope"], fts_version="FTS5", create_triggers=True,
                               tokenize="porter", replace=True)
+
+
+@migrations()
+def m005_pins(db: Database) -> None:
+    # Runtime pins per project (policy); tenant "*" means every API key of the project.
+    db["pins"].create({"id": str, "tenant": str, "policy": str, "name": str, "content": str, "tokens": int,
+                       "created_at": str}, pk="id")
+    db["pins"].create_index(["policy", "tenant"])

@@ -15,11 +15,14 @@ from typing import Any
 
 from proxy import budget
 from proxy.archive import TableRow, utc_now
+from proxy.assembly import HEAD, Assembly, Fragment, assemble, place
 from proxy.checkpoint import write_checkpoint
 from proxy.errors import ContextLengthExceeded
 from proxy.internal_tools import client_defines_internal_name, with_internal_tools
 from proxy.layers import window
 from proxy.layers.tool_results import Pending, pending_summaries, summarize_large
+from proxy.pins import Pin, file_pins
+from proxy.pins import render as render_pins
 from proxy.policy import LoadedPolicy, Policy
 from proxy.session import Session
 from proxy.state import SessionState, StateStore
@@ -47,6 +50,7 @@ class Outcome:
     internal_tools: bool = False
     original: list[dict[str, Any]] | None = None  # the client's messages aligned with `messages`
     evicted: list[window.Evicted] = field(default_factory=list)  # exchanges this request evicted
+    blocks: Assembly = field(default_factory=Assembly)  # what was injected, skipped, and how long it took
 
 
 @dataclass
@@ -59,6 +63,7 @@ class PipelineContext:
     checkpoints_dir: Path | None = None  # None: refusals write no file (replay)
     prepared: dict[tuple[str, str], str] | None = None  # model-written summaries fetched beforehand
     now: Callable[[], float] = time.time
+    pins: Callable[[], list[Pin]] | None = None  # runtime pins of this project for this tenant
 
 
 def run(conversation: Conversation, context: PipelineContext) -> Outcome:
@@ -80,6 +85,10 @@ def run(conversation: Conversation, context: PipelineContext) -> Outcome:
     evicted: list[window.Evicted] = []
     if policy.window.enabled and can_offer_tools:
         original, messages, evicted = slide_window(original, messages, state, context, conversation)
+    blocks = assemble_blocks(original, state, context, model)
+    system_end = window.leading_system(original)
+    original, messages = place(original, blocks, system_end), place(messages, blocks, system_end)
+    state.injected_tokens = sum(v for k, v in blocks.tokens.items() if k != "summary")
     tools = _tools_for(conversation.tools, state, policy, can_offer_tools)
     total = tokens.request(messages, tools, model)
 
@@ -93,7 +102,7 @@ def run(conversation: Conversation, context: PipelineContext) -> Outcome:
     return Outcome(result.messages, tools, changed=result.messages is not conversation.messages
                    or tools is not conversation.tools, tokens_before=before, tokens_after=total,
                    gate=result.gate, window=result.window, internal_tools=tools is not conversation.tools,
-                   original=original, evicted=evicted)
+                   original=original, evicted=evicted, blocks=blocks)
 
 
 def slide_window(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state: SessionState,
@@ -109,11 +118,32 @@ def slide_window(original: list[dict[str, Any]], forwarded: list[dict[str, Any]]
     original, forwarded, evicted = window.slide(
         original, forwarded, state, lambda m: tokens.message(m, model), lambda t: tokens.text(t, model),
         budget_tokens=budget_tokens, low_water_tokens=math.floor(policy.window.low_water_pct * budget_tokens),
-        summary_tokens=summary_tokens, summary_role=policy.summary.role if policy.summary.enabled else None,
-        fixed_tokens=tokens.tools([*(conversation.tools or []), *internal], model), now=context.now())
+        summary_tokens=summary_tokens, summary=policy.summary.enabled,
+        fixed_tokens=tokens.tools([*(conversation.tools or []), *internal], model) + state.injected_tokens,
+        now=context.now())
     if evicted:
         context.store.save_window(state)
     return original, forwarded, evicted
+
+
+def assemble_blocks(original: list[dict[str, Any]], state: SessionState, context: PipelineContext,
+                    model: str) -> Assembly:
+    """Every injected block, through one budgeted assembly: pinned, auto-summary (then more to come)."""
+    policy, tokens = context.policy.policy, context.tokens
+
+    def pinned() -> list[Fragment]:
+        pins = file_pins(context.policy, tokens) + (context.pins() if context.pins else [])
+        text = render_pins(pins)
+        return [Fragment("pinned", text, tokens.text(text, model), 1, HEAD, required=True)] if text else []
+
+    def summary() -> list[Fragment]:
+        block = state.window.block if policy.summary.enabled and state.window.cut is not None else None
+        return [Fragment("summary", block, state.window.block_tokens, 2, HEAD, recency=0.5)] if block else []
+
+    last_user = next((m for m in reversed(original) if m.get("role") == "user"), {})
+    query = last_user.get("content") if isinstance(last_user.get("content"), str) else ""
+    return assemble([("pinned", pinned), ("summary", summary)], query, policy.assembly.tokens_max,
+                    policy.assembly.time_ms, policy.summary.role)
 
 
 def needs_model_summaries(conversation: Conversation, context: PipelineContext) -> Pending:

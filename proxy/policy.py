@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -13,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from proxy.config import describe_validation_error, read_yaml_mapping
 from proxy.errors import BadRequest, ConfigError, NotFound
+from proxy.tokens import TokenCounter
 
 log = logging.getLogger("ctxproxy.policy")
 
@@ -88,6 +90,11 @@ class FoldedPolicy(_Section):
     summarizer_model: str | None = None
 
 
+class AssemblyPolicy(_Section):
+    tokens_max: int = Field(12_000, gt=0)  # injected blocks besides pinned knowledge (its own budget)
+    time_ms: float = Field(50.0, gt=0)  # sources not reached by then are skipped, with a warning header
+
+
 class CommandsPolicy(_Section):
     enabled: bool = True  # answer /recall in the last user message without calling the model
 
@@ -101,6 +108,7 @@ class Policy(_Section):
     working_memory: WorkingMemoryPolicy = WorkingMemoryPolicy()
     folded: FoldedPolicy = FoldedPolicy()
     commands: CommandsPolicy = CommandsPolicy()
+    assembly: AssemblyPolicy = AssemblyPolicy()
 
 
 @dataclass(frozen=True)
@@ -128,11 +136,22 @@ def load_policy_file(path: Path) -> LoadedPolicy:
         policy = Policy.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(str(path), exc)) from None
+    pinned_tokens = 0
     for relative in policy.pinned.files:
-        if not (path.parent / relative).is_file():
+        file = path.parent / relative
+        if not file.is_file():
             raise ConfigError(f"{path}: pinned.files: {relative!r} does not exist "
                               f"(paths are relative to the policy file)")
+        pinned_tokens += _counter().text(file.read_text(encoding="utf-8", errors="replace"), "gpt-4o")
+    if pinned_tokens > policy.pinned.max_tokens:
+        raise ConfigError(f"{path}: pinned.files: the pinned files hold {pinned_tokens} tokens, over "
+                          f"pinned.max_tokens ({policy.pinned.max_tokens})")
     return LoadedPolicy(name=path.stem, policy=policy, path=path)
+
+
+@functools.cache
+def _counter() -> TokenCounter:
+    return TokenCounter()
 
 
 class PolicyStore:

@@ -52,6 +52,7 @@ class SessionState:
     warned: set[str] = field(default_factory=set)
     kept: set[tuple[str, str]] = field(default_factory=set)  # over the threshold but summaries would not help
     window: WindowState = field(default_factory=WindowState)
+    injected_tokens: int = 0  # injected blocks besides the auto-summary, as of the last request
 
     @property
     def internal_tools_offered(self) -> bool:

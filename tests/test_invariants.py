@@ -54,7 +54,8 @@ def replay(messages, policy: LoadedPolicy, store: StateStore | None = None):
 
 
 def injected(message: dict) -> bool:
-    return isinstance(message.get("content"), str) and message["content"].startswith("[ctxproxy auto-summary")
+    content = message.get("content")
+    return isinstance(content, str) and content.startswith(("[ctxproxy ", "[WORKING MEMORY]"))
 
 
 def is_subsequence(kept: list[dict], sent: list[dict]) -> bool:

@@ -138,12 +138,12 @@ def leading_system(messages: list[dict[str, Any]]) -> int:
 
 def slide(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state: SessionState,
           count: Count, count_text: Callable[[str], int], *, budget_tokens: int, low_water_tokens: int,
-          summary_tokens: int, summary_role: str | None, fixed_tokens: int,
+          summary_tokens: int, summary: bool, fixed_tokens: int,
           now: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Evicted]]:
     """Apply the sticky cut (evicting a new batch if needed) to both index-aligned lists.
 
-    Returns the new (original, forwarded) lists, aligned, with the auto-summary block (if any) placed
-    after the system prompt, and what this request newly evicted. `summary_role` None: no block.
+    Returns the new (original, forwarded) lists, aligned, and what this request newly evicted. The
+    auto-summary block is rendered into the session state (when `summary`); assembly places it.
     """
     window = state.window
     del window.first_seen[len(original):]  # a shorter history (the client compacted): times restart there
@@ -165,19 +165,15 @@ def slide(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state
             entry = headline(original[start:stop], window.first_seen[start], count)
             window.headlines.append(entry)
             evicted_now.append((entry, original[start:stop]))
-        window.block = render(window.headlines, now, summary_tokens, count_text) if summary_role else None
+        window.block = render(window.headlines, now, summary_tokens, count_text) if summary else None
         window.block_tokens = count_text(window.block) if window.block else 0
         window.cut, window.last_evicted = eviction.cut, original[eviction.cut - 1]
     if window.cut is None or window.cut <= eviction.head_end:
         return original, forwarded, evicted_now
-    system_end = leading_system(original)
-    block = [{"role": summary_role or "system", "content": window.block}] if window.block else []
-
     anchor = anchor_for(original, eviction.head_end, window.cut)
     kept_anchor = [anchor] if anchor is not None else []
 
     def assemble(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [*messages[:system_end], *block, *messages[system_end:eviction.head_end],
-                *(messages[i] for i in kept_anchor), *messages[window.cut:]]
+        return [*messages[:eviction.head_end], *(messages[i] for i in kept_anchor), *messages[window.cut:]]
 
     return assemble(original), assemble(forwarded), evicted_now

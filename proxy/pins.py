@@ -1,0 +1,108 @@
+"""Pinned knowledge: the policy's files plus runtime pins per project, under one hard token budget.
+
+A pin that would exceed the budget fails with both sizes and changes nothing. Pins are few and rare,
+so they are written directly (SQLite serializes writers) instead of through the archive's queue.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from proxy.archive import open_database, utc_now
+from proxy.errors import BadRequest, ConfigError, NotFound
+from proxy.policy import LoadedPolicy
+from proxy.tokens import TokenCounter
+
+EVERY_TENANT = "*"
+PIN_ID = re.compile(r"^pin-[0-9a-f]{8,32}$")
+COUNT_MODEL = "gpt-4o"  # budgets are model-independent: counted with one tokenizer
+
+
+class PinBudgetExceeded(BadRequest):
+    code = "pin_budget_exceeded"
+
+
+@dataclass(frozen=True)
+class Pin:
+    id: str
+    name: str
+    content: str
+    tokens: int
+
+
+def file_pins(policy: LoadedPolicy, tokens: TokenCounter) -> list[Pin]:
+    """The policy's pinned files, in the policy's order, read relative to the policy file."""
+    pins = []
+    for relative in policy.policy.pinned.files:
+        path = (policy.folder or Path(".")) / relative
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"{policy.path}: pinned.files: cannot read {relative!r}: {exc.strerror}") \
+                from None
+        pins.append(Pin(f"file:{relative}", relative, text, tokens.text(text, COUNT_MODEL)))
+    return pins
+
+
+class PinStore:
+    def __init__(self, db_path: Path, tokens: TokenCounter) -> None:
+        self.db_path, self.tokens = db_path, tokens
+        open_database(db_path).close()  # create (0600) and migrate if needed
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.db_path, timeout=10)
+        conn.row_factory = sqlite3.Row
+        return conn
+
+    def list(self, policy: str, tenant: str | None = None) -> list[Pin]:
+        """Pins of a project visible to `tenant` (None: all of the project's pins), oldest first."""
+        query = "select * from pins where policy = ?"
+        params: list[str] = [policy]
+        if tenant is not None:
+            query += " and tenant in (?, ?)"
+            params += [tenant, EVERY_TENANT]
+        with self._connect() as conn:
+            rows = conn.execute(query + " order by created_at, id", params).fetchall()
+        return [Pin(r["id"], r["name"], r["content"], r["tokens"]) for r in rows]
+
+    def add(self, policy: LoadedPolicy, content: str, *, name: str, tenant: str = EVERY_TENANT) -> Pin:
+        if not content.strip():
+            raise BadRequest("a pin needs some text", code="empty_pin")
+        tokens = self.tokens.text(content, COUNT_MODEL)
+        used = sum(p.tokens for p in file_pins(policy, self.tokens)) + sum(
+            p.tokens for p in self.list(policy.name, tenant))
+        limit = policy.policy.pinned.max_tokens
+        if used + tokens > limit:
+            raise PinBudgetExceeded(f"pinning {tokens} tokens would make {used + tokens} pinned tokens, over "
+                                    f"pinned.max_tokens ({limit}) of policy {policy.name!r}; nothing changed")
+        pin = Pin(f"pin-{uuid.uuid4().hex[:12]}", name, content, tokens)
+        with self._connect() as conn:
+            conn.execute("insert into pins (id, tenant, policy, name, content, tokens, created_at) "
+                         "values (?, ?, ?, ?, ?, ?, ?)",
+                         (pin.id, tenant, policy.name, name, content, tokens, utc_now()))
+        return pin
+
+    def remove(self, policy: str, pin_id: str, tenant: str | None = None) -> None:
+        if not PIN_ID.match(pin_id):
+            raise BadRequest(f"invalid pin id {pin_id!r}", code="invalid_pin_id")
+        query, params = "delete from pins where id = ? and policy = ?", [pin_id, policy]
+        if tenant is not None:
+            query += " and tenant in (?, ?)"
+            params += [tenant, EVERY_TENANT]
+        with self._connect() as conn:
+            if conn.execute(query, params).rowcount == 0:
+                raise NotFound(f"no pin {pin_id!r} in policy {policy!r}", code="unknown_pin")
+
+
+def render(pins: list[Pin]) -> str:
+    """The pinned block: stable order, so it changes only when a pin or a file changes."""
+    if not pins:
+        return ""
+    parts = ["[ctxproxy pinned knowledge: curated by the user; always applies]"]
+    for pin in pins:
+        parts.append(f"## {pin.name} ({pin.id})\n{pin.content.rstrip()}")
+    return "\n\n".join(parts)
