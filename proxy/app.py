@@ -24,11 +24,13 @@ from proxy import commands, model_summary, pipeline, rounds
 from proxy.archive import ArchiveWriter, ExchangeRecord, request_params, utc_now
 from proxy.config import Config
 from proxy.errors import BadRequest, ContextLengthExceeded, CtxProxyError, PayloadTooLarge
-from proxy.internal_tools import ToolContext, format_hits
+from proxy.internal_tools import ToolContext
 from proxy.metrics import Metrics
+from proxy.pins import PinStore
 from proxy.policy import LoadedPolicy, PolicyStore
 from proxy.reader import ArchiveReader
 from proxy.routes import (
+    admin_pins,
     admin_search,
     error_response,
     handle_client_disconnect,
@@ -59,6 +61,7 @@ class ProxyState:
     metrics: Metrics
     store: StateStore
     reader: ArchiveReader
+    pins: PinStore
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def background(self, work: Coroutine[Any, Any, None]) -> None:
@@ -81,11 +84,12 @@ async def chat_completions(request: Request) -> Response:
 
     command = commands.parse(body) if policy.policy.commands.enabled else None
     if command is not None:
-        return await answer_command(state, body, policy, session, tenant, command[1], started)
+        return await answer_command(state, body, policy, session, tenant, command, started)
 
     conversation = pipeline.Conversation(str(body.get("model") or ""), body["messages"], body.get("tools"))
     context = pipeline.PipelineContext(policy, session, tenant, state.tokens, state.store,
-                                       state.config.data_dir / "checkpoints")
+                                       state.config.data_dir / "checkpoints",
+                                       pins=lambda: state.pins.list(policy.name, tenant))
     pending = pipeline.needs_model_summaries(conversation, context)
     if pending:
         layer1 = policy.policy.tool_results
@@ -101,6 +105,7 @@ async def chat_completions(request: Request) -> Response:
         state.background(model_summary.write_headlines(
             state.upstream, state.upstream.request_headers(request.headers, identity=True), summary_model,
             outcome.evicted, policy.policy.tool_results.summarizer_timeout_s))
+    state.metrics.observe_blocks(policy.name, outcome.blocks)
     content = raw if not outcome.changed else rewritten_body(body, outcome)
     state.metrics.gate.labels(policy.name, outcome.gate).inc()
     ours = ctxproxy_headers(session, policy, outcome)
@@ -233,15 +238,18 @@ def rounds_context(state: ProxyState, request: Request, body: dict[str, Any],
 
 
 async def answer_command(state: ProxyState, body: dict[str, Any], policy: LoadedPolicy, session: Session,
-                         tenant: str, query: str, started: float) -> Response:
-    """`/recall QUERY`: the archive's hits as the assistant's answer; the model is not called."""
-    hits = await anyio.to_thread.run_sync(state.reader.recall, tenant, session.id, policy.name, query,
-                                          policy.policy.window.recall_results)
-    text = format_hits(query, hits, session.id, 1 << 20)
+                         tenant: str, command: tuple[str, str], started: float) -> Response:
+    """A slash command, answered as the assistant without calling the model."""
+    name, argument = command
+    try:
+        text = await anyio.to_thread.run_sync(
+            commands.run, name, argument, state.reader, state.pins, policy, tenant, session.id)
+    except CtxProxyError as exc:
+        text = f"{name} failed: {exc.message}"
     model = str(body.get("model") or "ctxproxy")
     record = exchange_record(body, policy, session, tenant, status=200, gate="command")
     headers = {"x-ctxproxy-session": session.id, "x-ctxproxy-policy": policy.name, "x-ctxproxy-gate": "pass",
-               "x-ctxproxy-command": "recall"}
+               "x-ctxproxy-command": name}
     if record.stream:
         record.response_chunks = commands.completion_chunks(text, model)
         finish(state, [record], started, policy.name)
@@ -267,7 +275,9 @@ def refused(state: ProxyState, request: Request, body: dict[str, Any], policy: L
 
 
 def ctxproxy_headers(session: Session, policy: LoadedPolicy, outcome: pipeline.Outcome) -> dict[str, str]:
-    return {
+    skipped = outcome.blocks.skipped
+    warning = {"x-ctxproxy-blocks-skipped": ",".join(skipped)} if skipped else {}
+    return warning | {
         "x-ctxproxy-session": session.id,
         "x-ctxproxy-policy": policy.name,
         "x-ctxproxy-gate": outcome.gate,
@@ -358,7 +368,8 @@ def build_app(config: Config, *, transport: httpx.AsyncBaseTransport | None = No
             config=config, policies=policies,
             upstream=Upstream(config.upstream, config.upstream_api_key(), transport=transport),
             archive=archive, tokens=tokens, metrics=Metrics(),
-            store=StateStore(persist=archive.submit, lookup=reader), reader=reader)
+            store=StateStore(persist=archive.submit, lookup=reader), reader=reader,
+            pins=PinStore(config.data_dir / "archive.db", tokens))
         try:
             yield
         finally:
@@ -374,6 +385,8 @@ def build_app(config: Config, *, transport: httpx.AsyncBaseTransport | None = No
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/ctxproxy/search", admin_search, methods=["GET"]),
+        Route("/ctxproxy/pins", admin_pins, methods=["GET", "POST"]),
+        Route("/ctxproxy/pins/{pin_id}", admin_pins, methods=["DELETE"]),
         Route("/v1/chat/completions", chat_completions, methods=chat_methods),
         Route("/p/{policy}/v1/chat/completions", chat_completions, methods=chat_methods),
         Route("/v1/{path:path}", passthrough, methods=any_method),

@@ -123,6 +123,30 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pin(args: argparse.Namespace) -> int:
+    from proxy.pins import PinStore
+    from proxy.policy import PolicyStore
+    from proxy.tokens import TokenCounter
+
+    config = _config(args)
+    policy = PolicyStore(config.policies_dir).get(args.policy)
+    store = PinStore(config.data_dir / "archive.db", TokenCounter())
+    if args.pin_command == "add":
+        if (args.file is None) == (args.text is None):
+            print("ctxproxy pin add: give a FILE or --text TEXT", file=sys.stderr)
+            return 2
+        content = Path(args.file).read_text(encoding="utf-8") if args.file else args.text
+        pin = store.add(policy, content, name=Path(args.file).name if args.file else "note")
+        print(f"{pin.id}  {pin.tokens} tokens pinned to policy {policy.name!r}")
+    elif args.pin_command == "rm":
+        store.remove(policy.name, args.id)
+        print(f"removed {args.id}")
+    else:
+        for pin in store.list(policy.name):
+            print(f"{pin.id}  {pin.name:<24} {pin.tokens:>7} tokens  {pin.content[:60]!r}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="ctxproxy", description="Context-managing OpenAI-compatible proxy.")
     sub = top.add_subparsers(dest="command", required=True)
@@ -148,6 +172,19 @@ def parser() -> argparse.ArgumentParser:
     replay.add_argument("--limit", type=int, help="at most this many conversations per file")
     replay.add_argument("--json", action="store_true")
     replay.set_defaults(func=cmd_replay)
+
+    pin = sub.add_parser("pin", help="runtime pins of a project (policy), shown in every request")
+    pin_sub = pin.add_subparsers(dest="pin_command", required=True)
+    for name, helptext in (("add", "pin a file or a text"), ("list", "list pins"), ("rm", "remove a pin")):
+        command = pin_sub.add_parser(name, help=helptext)
+        command.add_argument("--config", help="config YAML (data_dir, policies_dir)")
+        command.add_argument("--policy", default="default", help="the project's policy (default: default)")
+        if name == "add":
+            command.add_argument("file", nargs="?", help="a text file to pin")
+            command.add_argument("--text", help="pin this text instead of a file")
+        if name == "rm":
+            command.add_argument("id")
+        command.set_defaults(func=cmd_pin)
 
     for name, func, helptext in (("sessions", cmd_sessions, "list archived sessions"),
                                  ("show", cmd_show, "print a session's conversation"),

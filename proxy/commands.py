@@ -9,11 +9,16 @@ from typing import Any
 
 import orjson
 
-RECALL = re.compile(r"^\s*/recall\s+(\S.*)$", re.DOTALL)
+from proxy.internal_tools import format_hits
+from proxy.pins import PinStore
+from proxy.policy import LoadedPolicy
+from proxy.reader import ArchiveReader
+
+COMMAND = re.compile(r"^\s*/(recall|pin|unpin|remember|pins)(?:\s+(\S.*))?\s*$", re.DOTALL)
 
 
 def parse(body: dict[str, Any]) -> tuple[str, str] | None:
-    """("recall", query) when the last message is a user message starting with /recall."""
+    """(command, argument) when the last message is a user message starting with a slash command."""
     last = body["messages"][-1]
     if last.get("role") != "user":
         return None
@@ -22,8 +27,29 @@ def parse(body: dict[str, Any]) -> tuple[str, str] | None:
         content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
     if not isinstance(content, str):
         return None
-    match = RECALL.match(content)
-    return ("recall", match.group(1).strip()) if match else None
+    match = COMMAND.match(content)
+    return (match.group(1), (match.group(2) or "").strip()) if match else None
+
+
+def run(name: str, argument: str, reader: ArchiveReader, pins: PinStore, policy: LoadedPolicy, tenant: str,
+        session_id: str) -> str:
+    """The text of the answer. Pins made here belong to this API key within the project (policy)."""
+    if name == "recall":
+        if not argument:
+            return "usage: /recall QUERY"
+        hits = reader.recall(tenant, session_id, policy.name, argument, policy.policy.window.recall_results)
+        return format_hits(argument, hits, session_id, 1 << 20)
+    if name in ("pin", "remember"):
+        if not argument:
+            return f"usage: /{name} TEXT"
+        pin = pins.add(policy, argument, name="remembered" if name == "remember" else "pinned",
+                       tenant=tenant)
+        return f"Pinned as {pin.id} ({pin.tokens} tokens); it is shown in every request of this project."
+    if name == "unpin":
+        pins.remove(policy.name, argument, tenant)
+        return f"Unpinned {argument}."
+    listed = pins.list(policy.name, tenant)
+    return "\n".join(f"{p.id}  {p.name}  {p.tokens} tokens: {p.content[:80]}" for p in listed) or "No pins."
 
 
 def completion(text: str, model: str) -> bytes:

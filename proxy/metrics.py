@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 _FAST_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -26,6 +28,21 @@ class Metrics:
                                      registry=self.registry)
         self.tokens_after = Counter("ctxproxy_tokens_after", "Tokens forwarded upstream.", ["policy"],
                                     registry=self.registry)
+
+        self.assembly_seconds = Histogram("ctxproxy_assembly_seconds", "Time to assemble injected blocks.",
+                                          ["policy"], buckets=_FAST_BUCKETS, registry=self.registry)
+        self.block_tokens = Histogram("ctxproxy_block_tokens", "Tokens injected per block.", ["block"],
+                                      buckets=(50, 200, 500, 1000, 2000, 5000, 10_000, 50_000, 100_000),
+                                      registry=self.registry)
+        self.blocks_skipped = Counter("ctxproxy_blocks_skipped", "Block sources skipped (deadline, error, "
+                                      "budget).", ["policy", "reason"], registry=self.registry)
+
+    def observe_blocks(self, policy: str, blocks: Any) -> None:
+        self.assembly_seconds.labels(policy).observe(blocks.duration_ms / 1000)
+        for block, tokens in blocks.tokens.items():
+            self.block_tokens.labels(block).observe(tokens)
+        for skipped in blocks.skipped:
+            self.blocks_skipped.labels(policy, skipped).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 import anyio
+import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -98,8 +99,8 @@ async def handle_client_disconnect(request: Request, exc: Exception) -> Response
     return Response(status_code=499)
 
 
-async def admin_search(request: Request) -> Response:
-    """`GET /ctxproxy/search?q=...[&session=...&limit=...]` over the whole archive, for operators."""
+def admin_denied(request: Request) -> Response | None:
+    """The admin API needs its token, and a loopback client unless admin.allow_remote."""
     state: ProxyState = request.app.state.proxy
     admin = state.config.admin
     token = state.config.admin_token()
@@ -113,6 +114,14 @@ async def admin_search(request: Request) -> Response:
     offered = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
     if not hmac.compare_digest(offered.encode(), token.encode()):
         return error_response(CtxProxyError("missing or wrong admin token", code="unauthorized"), status=401)
+    return None
+
+
+async def admin_search(request: Request) -> Response:
+    """`GET /ctxproxy/search?q=...[&session=...&limit=...]` over the whole archive, for operators."""
+    state: ProxyState = request.app.state.proxy
+    if (denied := admin_denied(request)) is not None:
+        return denied
     query = request.query_params.get("q", "").strip()
     if not query:
         raise BadRequest("the query parameter q is required", param="q", code="missing_query")
@@ -125,3 +134,28 @@ async def admin_search(request: Request) -> Response:
     for hit in hits:
         hit.pop("body", None)
     return JSONResponse({"query": query, "hits": hits})
+
+
+async def admin_pins(request: Request) -> Response:
+    """`GET|POST /ctxproxy/pins?policy=P` and `DELETE /ctxproxy/pins/{id}?policy=P`: project-wide pins."""
+    state: ProxyState = request.app.state.proxy
+    if (denied := admin_denied(request)) is not None:
+        return denied
+    policy = state.policies.get(request.query_params.get("policy", "default"))
+    if request.method == "DELETE":
+        await anyio.to_thread.run_sync(state.pins.remove, policy.name, request.path_params["pin_id"])
+        return JSONResponse({"deleted": request.path_params["pin_id"]})
+    if request.method == "POST":
+        try:
+            payload = orjson.loads(await request.body())
+        except orjson.JSONDecodeError:
+            payload = None
+        if not isinstance(payload, dict) or not isinstance(payload.get("text"), str):
+            raise BadRequest('body must be a JSON object {"text": ..., "name": ...}', param="text",
+                             code="missing_text")
+        pin = await anyio.to_thread.run_sync(
+            lambda: state.pins.add(policy, payload["text"], name=str(payload.get("name") or "note")))
+        return JSONResponse({"id": pin.id, "tokens": pin.tokens}, status_code=201)
+    pins = await anyio.to_thread.run_sync(state.pins.list, policy.name)
+    return JSONResponse({"policy": policy.name, "pins": [
+        {"id": p.id, "name": p.name, "tokens": p.tokens, "content": p.content} for p in pins]})
