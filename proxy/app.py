@@ -100,11 +100,11 @@ async def chat_completions(request: Request) -> Response:
         outcome = pipeline.run(conversation, context)
     except ContextLengthExceeded as refusal:
         return refused(state, request, body, policy, session, tenant, refusal, started)
-    summary_model = policy.policy.summary.summarizer_model
-    if outcome.evicted and summary_model:  # never blocks: headlines are picked up at the next batch
-        state.background(model_summary.write_headlines(
-            state.upstream, state.upstream.request_headers(request.headers, identity=True), summary_model,
-            outcome.evicted, policy.policy.tool_results.summarizer_timeout_s))
+    if outcome.evicted:  # model-written headlines and episodes never block a request
+        model_summary.after_eviction(state.background, state.upstream,
+                                     state.upstream.request_headers(request.headers, identity=True),
+                                     policy.policy, outcome.evicted, context.store.get(tenant, session.id),
+                                     state.store)
     state.metrics.observe_blocks(policy.name, outcome.blocks)
     content = raw if not outcome.changed else rewritten_body(body, outcome)
     state.metrics.gate.labels(policy.name, outcome.gate).inc()

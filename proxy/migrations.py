@@ -84,3 +84,10 @@ def m005_pins(db: Database) -> None:
     db["pins"].create({"id": str, "tenant": str, "policy": str, "name": str, "content": str, "tokens": int,
                        "created_at": str}, pk="id")
     db["pins"].create_index(["policy", "tenant"])
+
+
+@migrations()
+def m006_session_memory(db: Database) -> None:
+    # Working memory (entities) and folded memory (episodes, semantic) per session, as versioned JSON.
+    db["session_memory"].create({"tenant": str, "session_id": str, "kind": str, "data": str,
+                                 "updated_at": str}, pk=("tenant", "session_id", "kind"))

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import anyio
 import orjson
 
+from proxy.layers import folded
+from proxy.policy import Policy
+from proxy.state import SessionState, StateStore
 from proxy.upstream import Upstream
 
 log = logging.getLogger("ctxproxy.summary")
@@ -25,29 +29,34 @@ PROMPT = (
     "written; never paraphrase them or invent anything. No preamble. At most 300 words.")
 
 
-async def summarize_one(upstream: Upstream, headers: dict[str, str], model: str, text: str,
-                        tool_name: str | None, timeout_s: float) -> str | None:
-    """One summary, or None (timeout, error status, empty or unhelpful answer)."""
-    body = {"model": model, "temperature": 0, "messages": [
-        {"role": "system", "content": PROMPT},
-        {"role": "user", "content": f"Tool: {tool_name or 'unknown'}\n\n{text[:MAX_INPUT_CHARS]}"}]}
+async def ask(upstream: Upstream, headers: dict[str, str], model: str, messages: list[dict[str, Any]],
+              timeout_s: float) -> str | None:
+    """One completion through the upstream; None on timeout, error status or an unreadable answer."""
+    body = {"model": model, "temperature": 0, "messages": messages}
     try:
         with anyio.fail_after(timeout_s):
             response = await upstream.open("POST", "/chat/completions", b"", headers, orjson.dumps(body))
             payload = await Upstream.read(response, upstream.base_url)
-    except Exception as exc:  # the deterministic summary is always there to fall back on
-        log.warning("summarizer model %s failed (%s); using the deterministic summary", model,
-                    type(exc).__name__)
+    except Exception as exc:  # every caller has a deterministic fallback
+        log.warning("model %s failed (%s); using the deterministic fallback", model, type(exc).__name__)
         return None
     if response.status_code != 200:
-        log.warning("summarizer model %s answered %s; using the deterministic summary", model,
-                    response.status_code)
+        log.warning("model %s answered %s; using the deterministic fallback", model, response.status_code)
         return None
     try:
         content = orjson.loads(payload)["choices"][0]["message"]["content"]
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
         return None
-    if not isinstance(content, str) or not content.strip() or len(content) >= len(text) // 2:
+    return content if isinstance(content, str) and content.strip() else None
+
+
+async def summarize_one(upstream: Upstream, headers: dict[str, str], model: str, text: str,
+                        tool_name: str | None, timeout_s: float) -> str | None:
+    """One summary, or None (timeout, error status, empty or unhelpful answer)."""
+    request = f"Tool: {tool_name or 'unknown'}\n\n{text[:MAX_INPUT_CHARS]}"
+    content = await ask(upstream, headers, model, [{"role": "system", "content": PROMPT},
+                                                   {"role": "user", "content": request}], timeout_s)
+    if content is None or len(content) >= len(text) // 2:
         return None
     return content.strip()
 
@@ -71,16 +80,50 @@ async def write_headlines(upstream: Upstream, headers: dict[str, str], model: st
     """Background: model-written headlines for evicted exchanges, picked up at the next batch."""
     for entry, messages in evicted:
         transcript = "\n".join(f"{m.get('role')}: {str(m.get('content') or '')[:2000]}" for m in messages)
-        body = {"model": model, "temperature": 0, "messages": [
-            {"role": "system", "content": HEADLINE_PROMPT}, {"role": "user", "content": transcript[:20000]}]}
-        try:
-            with anyio.fail_after(timeout_s):
-                response = await upstream.open("POST", "/chat/completions", b"", headers, orjson.dumps(body))
-                payload = await Upstream.read(response, upstream.base_url)
-            line = orjson.loads(payload)["choices"][0]["message"]["content"] if response.status_code == 200 \
-                else None
-        except Exception as exc:  # the deterministic headline stays
-            log.warning("headline model %s failed (%s)", model, type(exc).__name__)
-            return
-        if isinstance(line, str) and line.strip():
-            entry.model_line = " ".join(line.split())[:300]
+        prompt = [{"role": "system", "content": HEADLINE_PROMPT},
+                  {"role": "user", "content": transcript[:20000]}]
+        line = await ask(upstream, headers, model, prompt, timeout_s)
+        if line is None:
+            return  # the deterministic headlines stay
+        entry.model_line = " ".join(line.split())[:300]
+
+
+async def fold_with_model(upstream: Upstream, headers: dict[str, str], model: str,
+                          evicted: list[tuple[Any, list[dict[str, Any]]]], state: SessionState,
+                          store: StateStore, max_episodes: int, timeout_s: float) -> None:
+    """Background folding: the model writes the episode (and the semantic memory when half the episodes
+    are flushed); its JSON is validated and retried once, then the deterministic fallback is used."""
+    messages = [m for _, exchange in evicted for m in exchange]
+    seen = state.folded.total_turns_seen
+    episode_id, turns = state.folded.current_episode_id + 1, (seen, seen + len(messages) - 1)
+    episode = None
+    for _ in range(2):
+        text = await ask(upstream, headers, model, folded.episode_prompt(messages), timeout_s)
+        episode = folded.parse_episode(text, episode_id, turns) if text else None
+        if episode is not None:
+            break
+    memory, flushed = folded.add_episode(
+        state.folded, episode or folded.episode_from_messages(messages, episode_id, turns), max_episodes)
+    if flushed:
+        semantic = None
+        for _ in range(2):
+            text = await ask(upstream, headers, model, folded.semantic_prompt(flushed, memory.semantic),
+                             timeout_s)
+            semantic = folded.parse_semantic(text) if text else None
+            if semantic is not None:
+                break
+        memory = folded.apply_distilled(memory, semantic or folded.distill(flushed, memory.semantic))
+    state.folded = memory
+    store.save_memory(state, "folded", memory.to_json())
+
+
+def after_eviction(background: Callable[[Coroutine[Any, Any, None]], None], upstream: Upstream,
+                   headers: dict[str, str], policy: Policy, evicted: list[tuple[Any, list[dict[str, Any]]]],
+                   state: SessionState, store: StateStore) -> None:
+    """Schedule the model work an eviction batch asks for (the deterministic parts already ran)."""
+    timeout = policy.tool_results.summarizer_timeout_s
+    if policy.summary.enabled and policy.summary.summarizer_model:
+        background(write_headlines(upstream, headers, policy.summary.summarizer_model, evicted, timeout))
+    if policy.folded.enabled and policy.folded.summarizer_model:
+        background(fold_with_model(upstream, headers, policy.folded.summarizer_model, evicted, state, store,
+                                   policy.folded.max_episodes, timeout))

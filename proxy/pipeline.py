@@ -15,12 +15,16 @@ from typing import Any
 
 from proxy import budget
 from proxy.archive import TableRow, utc_now
-from proxy.assembly import HEAD, Assembly, Fragment, assemble, place
+from proxy.assembly import HEAD, TAIL, Assembly, Fragment, assemble, place
 from proxy.checkpoint import write_checkpoint
 from proxy.errors import ContextLengthExceeded
 from proxy.internal_tools import client_defines_internal_name, with_internal_tools
 from proxy.layers import window
+from proxy.layers.folded import add_episode, apply_distilled, distill, episode_from_messages
+from proxy.layers.folded import render as render_folded
 from proxy.layers.tool_results import Pending, pending_summaries, summarize_large
+from proxy.layers.working_memory import WorkingMemory
+from proxy.layers.working_memory import extract as extract_entities
 from proxy.pins import Pin, file_pins
 from proxy.pins import render as render_pins
 from proxy.policy import LoadedPolicy, Policy
@@ -85,6 +89,10 @@ def run(conversation: Conversation, context: PipelineContext) -> Outcome:
     evicted: list[window.Evicted] = []
     if policy.window.enabled and can_offer_tools:
         original, messages, evicted = slide_window(original, messages, state, context, conversation)
+    if evicted and policy.folded.enabled and not policy.folded.summarizer_model:
+        fold(evicted, state, context)  # with a model this happens in the background (see app)
+    if policy.working_memory.enabled:
+        observe_entities(conversation.messages, state, context)
     blocks = assemble_blocks(original, state, context, model)
     system_end = window.leading_system(original)
     original, messages = place(original, blocks, system_end), place(messages, blocks, system_end)
@@ -136,14 +144,66 @@ def assemble_blocks(original: list[dict[str, Any]], state: SessionState, context
         text = render_pins(pins)
         return [Fragment("pinned", text, tokens.text(text, model), 1, HEAD, required=True)] if text else []
 
+    def working_memory() -> list[Fragment]:
+        if not policy.working_memory.enabled:
+            return []
+        text = state.memory.render()
+        return [Fragment("working_memory", text, tokens.text(text, model), 5, TAIL)] if text else []
+
     def summary() -> list[Fragment]:
         block = state.window.block if policy.summary.enabled and state.window.cut is not None else None
         return [Fragment("summary", block, state.window.block_tokens, 2, HEAD, recency=0.5)] if block else []
 
     last_user = next((m for m in reversed(original) if m.get("role") == "user"), {})
     query = last_user.get("content") if isinstance(last_user.get("content"), str) else ""
-    return assemble([("pinned", pinned), ("summary", summary)], query, policy.assembly.tokens_max,
-                    policy.assembly.time_ms, policy.summary.role)
+    def folded_memory() -> list[Fragment]:
+        text = render_folded(state.folded) if policy.folded.enabled else ""
+        return [Fragment("folded", text, tokens.text(text, model), 3, HEAD, recency=0.7)] if text else []
+
+    sources = [("pinned", pinned), ("summary", summary), ("folded", folded_memory),
+               ("working_memory", working_memory)]
+    return assemble(sources, query, policy.assembly.tokens_max, policy.assembly.time_ms, policy.summary.role)
+
+
+def fold(evicted: list[window.Evicted], state: SessionState, context: PipelineContext) -> None:
+    """Deterministic folding: an evicted batch becomes one episode; past max_episodes the oldest half
+    is distilled into semantic memory."""
+    messages = [m for _, exchange in evicted for m in exchange]
+    memory = state.folded
+    episode = episode_from_messages(messages, memory.current_episode_id + 1,
+                                    (memory.total_turns_seen, memory.total_turns_seen + len(messages) - 1))
+    memory, flushed = add_episode(memory, episode, context.policy.policy.folded.max_episodes)
+    if flushed:
+        memory = apply_distilled(memory, distill(flushed, memory.semantic))
+    state.folded = memory
+    context.store.save_memory(state, "folded", memory.to_json())
+
+
+def observe_entities(messages: list[dict[str, Any]], state: SessionState, context: PipelineContext) -> None:
+    """Feed the tool results this session has not seen yet to its working memory (MRU of entities)."""
+    settings = context.policy.policy.working_memory
+    seen = state.memory_seen
+    if seen > len(messages) or (seen and messages[seen - 1] != state.memory_last):
+        state.memory, seen = WorkingMemory(settings.max_entities), 0  # an edited history: start over
+    if seen == len(messages):
+        return
+    state.memory.max_entities = settings.max_entities
+    calls: dict[str, tuple[str | None, str | None]] = {}
+    for index, message in enumerate(messages):
+        for call in message.get("tool_calls") or ():
+            function = (call.get("function") or {}) if isinstance(call, dict) else {}
+            if isinstance(call, dict) and isinstance(call.get("id"), str):
+                calls[call["id"]] = (function.get("name"), function.get("arguments"))
+        if index >= seen and message.get("role") == "tool" and message.get("tool_call_id") in calls:
+            name, arguments = calls[message["tool_call_id"]]
+            content = message.get("content")
+            state.memory.observe(extract_entities(
+                name if isinstance(name, str) else None, arguments if isinstance(arguments, str) else None,
+                content if isinstance(content, str) else "", max_from_list=settings.max_from_list,
+                type_patterns=settings.type_patterns or None))
+    state.memory_seen, state.memory_last = len(messages), messages[-1]
+    context.store.save_memory(state, "working", {"version": 1, "memory": state.memory.to_dict(),
+                                                 "seen": state.memory_seen, "last": state.memory_last})
 
 
 def needs_model_summaries(conversation: Conversation, context: PipelineContext) -> Pending:

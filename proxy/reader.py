@@ -123,6 +123,11 @@ class ArchiveReader:
             return next(self.db.query("select * from tool_results where tenant = ? and handle = ? "
                                       "order by created_at desc limit 1", [tenant, handle]), None)
 
+    def session_memory(self, tenant: str, session_id: str, kind: str) -> dict[str, Any] | None:
+        with self._lock:
+            return next(self.db.query("select * from session_memory where tenant = ? and session_id = ? "
+                                      "and kind = ?", [tenant, session_id, kind]), None)
+
     def close(self) -> None:
         self.db.close()
 

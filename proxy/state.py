@@ -17,6 +17,8 @@ import orjson
 
 from proxy.archive import TableRow, utc_now
 from proxy.layers.auto_summary import Headline
+from proxy.layers.folded import FoldedMemory
+from proxy.layers.working_memory import WorkingMemory
 
 SESSION_LIMIT = 5000
 
@@ -53,6 +55,10 @@ class SessionState:
     kept: set[tuple[str, str]] = field(default_factory=set)  # over the threshold but summaries would not help
     window: WindowState = field(default_factory=WindowState)
     injected_tokens: int = 0  # injected blocks besides the auto-summary, as of the last request
+    memory: WorkingMemory = field(default_factory=WorkingMemory)
+    memory_seen: int = 0  # messages of the client's history already fed to working memory
+    memory_last: dict[str, Any] | None = None  # messages[memory_seen - 1], to notice an edited history
+    folded: FoldedMemory = field(default_factory=FoldedMemory)
 
     @property
     def internal_tools_offered(self) -> bool:
@@ -83,6 +89,8 @@ class Lookup(Protocol):
 
     def session_window(self, tenant: str, session_id: str) -> dict[str, Any] | None: ...
 
+    def session_memory(self, tenant: str, session_id: str, kind: str) -> dict[str, Any] | None: ...
+
 
 def _from_row(row: dict[str, Any]) -> StoredResult:
     return StoredResult(row["handle"], row["call_id"], row["content"], row["tool_name"], row["replacement"],
@@ -110,6 +118,14 @@ class StateStore:
             stored = _from_row(row)
             state.by_key[(stored.call_id, stored.content)] = stored
             state.by_handle[stored.handle] = stored
+        memory = self._lookup.session_memory(tenant, session_id, "working") if self._lookup else None
+        if memory:
+            saved = orjson.loads(memory["data"])
+            state.memory = WorkingMemory.from_dict(saved.get("memory"))
+            state.memory_seen, state.memory_last = saved.get("seen", 0), saved.get("last")
+        folded = self._lookup.session_memory(tenant, session_id, "folded") if self._lookup else None
+        if folded:
+            state.folded = FoldedMemory.from_json(folded["data"])
         window = self._lookup.session_window(tenant, session_id) if self._lookup else None
         if window:
             state.window = WindowState(
@@ -149,6 +165,11 @@ class StateStore:
             "last_evicted": orjson.dumps(window.last_evicted).decode(),
             "headlines": orjson.dumps([asdict(h) for h in window.headlines]).decode(), "block": window.block,
             "updated_at": utc_now()}))
+
+    def save_memory(self, state: SessionState, kind: str, data: dict[str, Any] | str) -> None:
+        self.persist(TableRow("session_memory", {
+            "tenant": state.tenant, "session_id": state.session_id, "kind": kind,
+            "data": data if isinstance(data, str) else orjson.dumps(data).decode(), "updated_at": utc_now()}))
 
     def find(self, tenant: str, session_id: str, handle: str) -> StoredResult | None:
         """A stored original by handle: this session first, then the tenant's other live sessions."""

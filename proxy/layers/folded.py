@@ -1,7 +1,7 @@
-"""Folded memory: evicted turns become small episodes (L2), old episodes are distilled into semantic memory (L3).
+"""Folded memory: evicted turns fold into small episodes (L2); old episodes distill into semantic memory (L3).
 
 Pure and deterministic: no I/O, no clock, no model calls. The proxy sends `episode_prompt`/`semantic_prompt`
-through its own upstream and validates the answer with `parse_episode`/`parse_semantic`; when that fails it
+through its own upstream and checks the answer with `parse_episode`/`parse_semantic`; when that fails it
 falls back to `episode_from_messages`/`distill`, which use plain sentence heuristics.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -16,10 +17,10 @@ import orjson
 from pydantic import BaseModel, ValidationError
 
 VERSION = 1
-EPISODE_CAP = 8  # items per episode list: an episode must stay a digest, not a transcript
+EPISODE_CAP = 8  # items per episode list: an episode is a digest, not a transcript
 CAPS = {"facts": 30, "decisions": 20, "eliminated_approaches": 20, "patterns": 10}
 TOOL_VALUE_CHARS = 160
-ITEM_CHARS = 240  # longest line render() prints for one item
+ITEM_CHARS = 240  # longest text render() prints for one item
 T = TypeVar("T")
 
 
@@ -62,7 +63,7 @@ class FoldedMemory(BaseModel):
 
     @classmethod
     def from_json(cls, raw: str | bytes | None) -> FoldedMemory:
-        """Stored state from an older or broken build must never stop a session: start empty instead."""
+        """State from an older or broken build must never stop a session: start empty instead."""
         try:
             data = orjson.loads(raw or b"")
             if isinstance(data, dict) and data.get("version") == VERSION:
@@ -72,8 +73,6 @@ class FoldedMemory(BaseModel):
         return cls()
 
 
-# ---------------------------------------------------------------- text helpers
-
 def _text(content: Any) -> str:
     if isinstance(content, list):
         content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
@@ -81,7 +80,7 @@ def _text(content: Any) -> str:
 
 
 def _clip(text: str, limit: int) -> str:
-    """Cut at a space so an id or a path at the edge is dropped whole rather than shown broken."""
+    """Cut at a space, so an id or path at the edge is dropped whole rather than shown half."""
     text = " ".join(text.split())
     if len(text) <= limit:
         return text
@@ -92,11 +91,12 @@ def _clip(text: str, limit: int) -> str:
 
 
 def _first_line(text: str) -> str:
-    return next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    """First line that says something: rules like "-----" and blank lines are skipped."""
+    return next((ln.strip() for ln in text.splitlines() if re.search(r"\w", ln)), "")
 
 
 def _sentences(text: str) -> list[str]:
-    """Prose sentences, skipping fenced code (decisions are stated in prose, not in code)."""
+    """Prose sentences; fenced code is skipped (decisions are stated in prose)."""
     out: list[str] = []
     in_code = False
     for line in text.splitlines():
@@ -114,31 +114,31 @@ def _key(text: str) -> str:
 
 
 def _dedupe_newest(items: Iterable[T], key: Callable[[T], str], cap: int) -> list[T]:
-    """Later items replace earlier ones with the same key and move to the end; the oldest go past the cap."""
+    """A later item replaces an earlier one with the same key and moves to the end; caps drop the oldest."""
     seen: dict[str, T] = {}
     for item in items:
-        k = key(item)
-        if k:
+        if k := key(item):
             seen.pop(k, None)
             seen[k] = item
     return list(seen.values())[-cap:] if cap > 0 else []
 
 
-# ---------------------------------------------------------------- deterministic compactor
+# ---- deterministic compactor (L1 → L2 without a model)
 
 _DECIDE = re.compile(r"\b(?:decided|decide to|will use|we'll use|I'll use|chose|choosing|going with|go with|"
                      r"opted|settled on|switch(?:ed|ing)? to|instead of)\b", re.I)
-# Only ", as" counts: a bare "as" is mostly "such as" / "as well" and would cut decisions in half.
+# Only ", as" counts: a bare "as" is mostly "such as" / "as well" and would cut a decision in half.
 _REASON = re.compile(r"\s*(?:\bbecause\b(?:\s+of\b)?|\bsince\b|\bdue to\b|,\s*as\b)\s*", re.I)
 _STRONG = (r"does(?:n't| not) work|did(?:n't| not) work|won't work|will not work|ruled out|rules? out|"
            r"not the (?:issue|problem|cause|culprit)|dead end|no longer works")
-# "failed" alone is mostly a status report ("3 tests failed"); it counts only for an attempt or with a reason.
+# "failed" alone is mostly a status report ("3 tests failed"): it counts for an attempt or with a reason.
 _WEAK = r"failed|fails|did(?:n't| not) help|does(?:n't| not) help"
 _ELIM = re.compile(rf"\b(?:{_STRONG}|{_WEAK})\b", re.I)
 _ATTEMPT = re.compile(r"\b(?:tried|trying|attempt\w*|approach)\b", re.I)
-_AUX = re.compile(r"(?:\s+\b(?:is|was|are|were|has|have|had|just|also|still|definitely|already|so|it)\b)+$", re.I)
-_STOP = frozenset("what which when where does should would could this that there with from have into about "
-                  "your them they then than also just will".split())
+_AUX = re.compile(r"(?:\s+\b(?:is|was|are|were|has|have|had|just|also|still|definitely|already|so|it)\b)+$",
+                  re.I)
+_STOP = frozenset(["what", "which", "when", "where", "does", "should", "would", "could", "this", "that",
+                   "there", "with", "from", "have", "into", "about", "your", "they", "then", "also", "will"])
 
 
 def _split_reason(sentence: str) -> tuple[str, str]:
@@ -160,12 +160,10 @@ def _eliminated(sentence: str) -> Eliminated | None:
     if sentence.endswith("?") or not m:
         return None
     clause, why = _split_reason(sentence)
-    weak = re.fullmatch(_WEAK, m.group(0), re.I) is not None
-    if weak and not why and not _ATTEMPT.search(sentence):
+    if re.fullmatch(_WEAK, m.group(0), re.I) and not why and not _ATTEMPT.search(sentence):
         return None
-    before = _AUX.sub("", sentence[: m.start()].rstrip(" ,;:-")).strip()
-    if before:
-        approach = before
+    approach = _AUX.sub("", sentence[: m.start()].rstrip(" ,;:-")).strip(" ,;:-")
+    if approach:
         why = why or sentence[m.start():].rstrip(" .!")
     else:  # "Ruled out X because Y": the approach follows the verdict
         approach = clause[m.end():].strip(" ,:") or clause
@@ -176,87 +174,88 @@ def _keywords(text: str) -> set[str]:
     return {w for w in re.findall(r"[\w./-]{4,}", text.casefold()) if w not in _STOP}
 
 
-def _open_questions(spoken: list[tuple[int, str, str]]) -> list[str]:
-    """A question is open unless the other party spoke later, or later text repeats half its keywords."""
+def _open_questions(spoken: list[tuple[str, str]]) -> list[str]:
+    """Open unless the other party spoke later, or later text repeats half of the question's keywords."""
     out: list[str] = []
-    for i, (_, role, text) in enumerate(spoken):
+    for i, (role, text) in enumerate(spoken):
         later = spoken[i + 1:]
         for q in (s for s in _sentences(text) if s.endswith("?") and len(s.split()) >= 3):
             words = _keywords(q)
             need = max(2, (len(words) + 1) // 2)
-            answered = any(r != role for _, r, _ in later) or any(
-                len(words & _keywords(t)) >= need for _, _, t in later)
-            if not answered:
+            if not any(r != role or len(words & _keywords(t)) >= need for r, t in later):
                 out.append(_clip(q, ITEM_CHARS))
     return out
 
 
 def _call_label(call: dict[str, Any]) -> str:
     fn = call.get("function") or {}
-    raw = fn.get("arguments") or ""
     try:
-        args = json.loads(raw) if isinstance(raw, str) else raw
-    except ValueError:
-        args = raw
+        args = json.loads(fn.get("arguments") or "null")
+    except (TypeError, ValueError):
+        args = fn.get("arguments")
     if isinstance(args, dict):
-        shown = ", ".join(f"{k}={v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}"
-                          for k, v in args.items())
-    else:
-        shown = str(args)
-    return f"{fn.get('name') or 'tool'}({_clip(shown, 100)})"
+        args = ", ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in args.items())
+    return f"{fn.get('name') or 'tool'}({_clip(str(args or ''), 100)})"
 
 
 def _tool_value(text: str) -> str:
     value = _first_line(text)
-    error = next((ln.strip() for ln in text.splitlines() if re.search(r"error|exception|traceback", ln, re.I)),
-                 "")
+    errors = (ln.strip() for ln in text.splitlines() if re.search(r"error|exception|traceback", ln, re.I))
+    error = next(errors, "")
     if error and error != value:  # an error line further down matters more than a banner line
         value = f"{value} | {error}" if value else error
     return _clip(value, TOOL_VALUE_CHARS)
 
 
+def _capped(ep: Episode) -> Episode:
+    return ep.model_copy(update={
+        "decisions": _dedupe_newest(ep.decisions, lambda d: _key(d.decision), EPISODE_CAP),
+        "eliminated": _dedupe_newest(ep.eliminated, lambda e: _key(e.approach), EPISODE_CAP),
+        "open_questions": _dedupe_newest(ep.open_questions, _key, EPISODE_CAP),
+        "tool_results": {k: _clip(v, TOOL_VALUE_CHARS)
+                         for k, v in list(ep.tool_results.items())[-EPISODE_CAP:]},
+    })
+
+
 def episode_from_messages(messages: list[dict[str, Any]], episode_id: int,
                           turn_range: tuple[int, int]) -> Episode:
-    """Fallback L1→L2 compactor: no model, same messages always give the same episode."""
+    """Fallback compactor for OpenAI chat messages: the same messages always give the same episode."""
     labels: dict[str, str] = {}
     tools: dict[str, str] = {}
-    spoken: list[tuple[int, str, str]] = []
+    spoken: list[tuple[str, str]] = []
     decisions: list[Decision] = []
     eliminated: list[Eliminated] = []
-    for idx, msg in enumerate(messages):
+    for msg in messages:
         role, text = msg.get("role"), _text(msg.get("content"))
-        if role == "assistant":
-            for call in msg.get("tool_calls") or ():
-                if isinstance(call, dict):
-                    labels[str(call.get("id"))] = _call_label(call)
-            for s in _sentences(text):
-                d = _decision(s)
-                e = None if d else _eliminated(s)
-                decisions += [d] if d else []
-                eliminated += [e] if e else []
         if role in ("user", "assistant") and text.strip():
-            spoken.append((idx, role, text))
-        if role == "tool":
-            label = labels.get(str(msg.get("tool_call_id")), str(msg.get("name") or msg.get("tool_call_id")))
+            spoken.append((str(role), text))
+        if role == "assistant":
+            calls = [c for c in msg.get("tool_calls") or () if isinstance(c, dict)]
+            labels |= {str(c.get("id")): _call_label(c) for c in calls}
+            for s in _sentences(text):
+                if d := _decision(s):
+                    decisions.append(d)
+                elif e := _eliminated(s):
+                    eliminated.append(e)
+        elif role == "tool":
+            call_id = str(msg.get("tool_call_id"))
+            label = labels.get(call_id) or str(msg.get("name") or msg.get("tool_call_id") or "tool")
             tools.pop(label, None)  # a repeated call keeps its newest result
             tools[label] = _tool_value(text)
-    asked = next((_first_line(t) for _, r, t in spoken if r == "user"), "")
-    outcome = next((_first_line(t) for _, r, t in reversed(spoken) if r == "assistant"), "")
+    asked = next((_first_line(t) for r, t in spoken if r == "user"), "")
+    outcome = next((_first_line(t) for r, t in reversed(spoken) if r == "assistant"), "")
+    names = Counter(label.split("(")[0] for label in labels.values()).most_common(4)
+    used = ", ".join(f"{n} x{k}" if k > 1 else n for n, k in names)
     summary = f"Asked: {_clip(asked, 200)}" if asked else "Continued earlier work."
-    if outcome:
-        summary += f" Outcome: {_clip(outcome, 200)}"
-    return Episode(
-        episode_id=episode_id, turn_range=turn_range, summary=summary,
-        decisions=_dedupe_newest(decisions, lambda d: _key(d.decision), EPISODE_CAP),
-        eliminated=_dedupe_newest(eliminated, lambda e: _key(e.approach), EPISODE_CAP),
-        open_questions=_dedupe_newest(_open_questions(spoken), _key, EPISODE_CAP),
-        tool_results=dict(list(tools.items())[-EPISODE_CAP:]),
-    )
+    summary += f" Tools: {used}." if used else ""
+    summary += f" Outcome: {_clip(outcome, 200)}" if outcome else ""
+    return _capped(Episode(episode_id=episode_id, turn_range=turn_range, summary=summary, decisions=decisions,
+                           eliminated=eliminated, open_questions=_open_questions(spoken), tool_results=tools))
 
 
-# ---------------------------------------------------------------- L2 → L3
+# ---- L2 → L3 and the flush-half rule
 
-# Stable-looking: a path, a file name, a hex id, a version or a multi-digit number; error lines are transient.
+# Stable-looking: a path, file name, hex id, version or multi-digit number; error lines are transient state.
 _FACTLIKE = re.compile(r"\w/[\w.-]|\b[\w-]+\.[a-z]{1,5}\b|\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,}\b|"
                        r"\b\d+(?:\.\d+)+\b|\b\d{2,}\b", re.I)
 _TRANSIENT = re.compile(r"error|exception|traceback|failed|not found|denied|timed? ?out", re.I)
@@ -264,7 +263,8 @@ _TRANSIENT = re.compile(r"error|exception|traceback|failed|not found|denied|time
 
 def _normalized(s: SemanticMemory) -> SemanticMemory:
     return SemanticMemory(
-        facts=_dedupe_newest((f.strip() for f in s.facts), _key, CAPS["facts"]),
+        # A fact "call → result" is keyed by its call: a newer result of the same call replaces the old one.
+        facts=_dedupe_newest((f.strip() for f in s.facts), lambda f: _key(f.split(" → ")[0]), CAPS["facts"]),
         decisions=_dedupe_newest(s.decisions, lambda d: _key(d.decision), CAPS["decisions"]),
         eliminated_approaches=_dedupe_newest(s.eliminated_approaches, lambda e: _key(e.approach),
                                              CAPS["eliminated_approaches"]),
@@ -273,14 +273,14 @@ def _normalized(s: SemanticMemory) -> SemanticMemory:
 
 
 def distill(episodes: list[Episode], existing: SemanticMemory) -> SemanticMemory:
-    """Fallback L2→L3: existing memory, then the episodes oldest to newest; newer entries win, caps drop oldest.
+    """Fallback L2→L3: existing memory, then episodes oldest to newest; newer wins, caps drop the oldest.
 
     Facts are tool results whose line names a path/id/number and is not an error. Patterns are approaches
     ruled out, or questions left open, in two or more of these episodes.
     """
-    facts = list(existing.facts)
-    decisions, eliminated = list(existing.decisions), list(existing.eliminated_approaches)
-    seen_in: dict[str, set[int]] = {}
+    facts, decisions = list(existing.facts), list(existing.decisions)
+    eliminated = list(existing.eliminated_approaches)
+    seen_in: dict[str, tuple[str, set[int]]] = {}  # case-folded label -> (newest wording, episode ids)
     for ep in episodes:
         decisions += ep.decisions
         eliminated += ep.eliminated
@@ -288,18 +288,18 @@ def distill(episodes: list[Episode], existing: SemanticMemory) -> SemanticMemory
                   if _FACTLIKE.search(v) and not _TRANSIENT.search(v)]
         for label in [f"Repeatedly ruled out: {e.approach}" for e in ep.eliminated] + [
                 f"Recurring open question: {q}" for q in ep.open_questions]:
-            seen_in.setdefault(label, set()).add(ep.episode_id)
-    patterns = list(existing.patterns) + [p for p, ids in seen_in.items() if len(ids) >= 2]
+            seen_in[_key(label)] = (label, seen_in.get(_key(label), ("", set()))[1] | {ep.episode_id})
+    patterns = list(existing.patterns) + [p for p, ids in seen_in.values() if len(ids) >= 2]
     return _normalized(SemanticMemory(facts=facts, decisions=decisions, eliminated_approaches=eliminated,
                                       patterns=patterns))
 
 
-def add_episode(memory: FoldedMemory, episode: Episode, max_episodes: int) -> tuple[FoldedMemory, list[Episode]]:
-    """Append; past `max_episodes` hand back the oldest half (or more, to fit) for the caller to distill."""
+def add_episode(memory: FoldedMemory, episode: Episode,
+                max_episodes: int) -> tuple[FoldedMemory, list[Episode]]:
+    """Append; past `max_episodes` hand back the oldest half (more if needed) for the caller to distill."""
     if max_episodes < 1:
         raise ValueError("max_episodes must be at least 1")
-    episodes = [*memory.episodes, episode]
-    flushed: list[Episode] = []
+    episodes, flushed = [*memory.episodes, episode], []
     if len(episodes) > max_episodes:
         n = max(max_episodes // 2, len(episodes) - max_episodes)
         flushed, episodes = episodes[:n], episodes[n:]
@@ -311,20 +311,20 @@ def add_episode(memory: FoldedMemory, episode: Episode, max_episodes: int) -> tu
 
 
 def apply_distilled(memory: FoldedMemory, semantic: SemanticMemory) -> FoldedMemory:
-    """Replace L3 (the model was given the old one to merge into); dedupe and caps still hold."""
+    """Replace L3 (a model was given the old one to merge into); dedupe and caps still hold."""
     return memory.model_copy(update={"semantic": _normalized(semantic)})
 
 
-# ---------------------------------------------------------------- model path
+# ---- model path: the proxy sends these prompts upstream itself; here they are built and checked
 
 _EPISODE_SYSTEM = """You compress a slice of an agent's conversation into one episode record.
 Keep outcomes, not the back-and-forth. Record each decision with the reason it was taken, every approach
-that was tried and abandoned with the reason it was abandoned, questions still unanswered at the end of the
-slice, and the tool results later turns will need (a short line each; copy ids, paths, numbers and error
-text exactly). Leave out anything a fresh agent could get back by re-reading a file or re-running a command.
+that was tried and abandoned with the reason, questions still unanswered at the end of the slice, and the
+tool results later turns will need (one short line each; copy ids, paths, numbers and error text exactly).
+Leave out anything a fresh agent could get back by re-reading a file or re-running a command.
 Reply with one JSON object and nothing else, with exactly these keys:
 {"summary": "2-3 sentences", "decisions": [{"decision": "", "reason": ""}],
- "eliminated": [{"approach": "", "why": ""}], "open_questions": [""], "tool_results": {"call": "result line"}}"""
+ "eliminated": [{"approach": "", "why": ""}], "open_questions": [""], "tool_results": {"call": "result"}}"""
 
 _SEMANTIC_SYSTEM = """You maintain an agent's long-term memory. You get the current memory and older episode
 records. Produce the updated memory: keep only knowledge that will still matter many turns from now (stable
@@ -339,17 +339,17 @@ _PROMPT_MESSAGE_CHARS = 4000  # per message, so one huge tool output cannot crow
 
 
 def _transcript(messages: list[dict[str, Any]]) -> str:
-    lines = []
+    parts = []
     for msg in messages:
-        role, text = str(msg.get("role")), _text(msg.get("content"))
+        role, text = str(msg.get("role")), _text(msg.get("content")).strip()
         if len(text) > _PROMPT_MESSAGE_CHARS:
             text = text[:_PROMPT_MESSAGE_CHARS] + f"\n[... {len(text) - _PROMPT_MESSAGE_CHARS} chars cut]"
         if role == "tool":
             role = f"tool result {msg.get('tool_call_id', '')}".rstrip()
-        calls = [f"{c.get('id')}: {_call_label(c)}" for c in msg.get("tool_calls") or () if isinstance(c, dict)]
-        body = "\n".join(filter(None, [text.strip(), *(f"calls {c}" for c in calls)]))
-        lines.append(f"[{role}]\n{body}")
-    return "\n\n".join(lines)
+        calls = [f"calls {c.get('id')}: {_call_label(c)}" for c in msg.get("tool_calls") or ()
+                 if isinstance(c, dict)]
+        parts.append(f"[{role}]\n" + "\n".join(filter(None, [text, *calls])))
+    return "\n\n".join(parts)
 
 
 def episode_prompt(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
@@ -365,18 +365,12 @@ def semantic_prompt(episodes: list[Episode], existing: SemanticMemory) -> list[d
 
 
 def _json_object(text: str) -> dict[str, Any] | None:
-    """The first JSON object in a fenced block, else the first one anywhere in the text."""
-    for body in re.findall(r"```(?:json)?\s*(.*?)```", text, re.S | re.I):
-        try:
-            data = json.loads(body)
-        except ValueError:
-            continue
-        if isinstance(data, dict):
-            return data
+    """The first JSON object inside a ``` fence, else the first one anywhere in the text (prose around it)."""
     decoder = json.JSONDecoder()
-    for m in list(re.finditer(r"\{", text))[:50]:
+    fenced = [(body.strip(), 0) for body in re.findall(r"```(?:json)?(.*?)```", text, re.S | re.I)]
+    for source, start in fenced + [(text, m.start()) for m in re.finditer(r"\{", text)][:50]:
         try:
-            data, _ = decoder.raw_decode(text, m.start())
+            data, _ = decoder.raw_decode(source, start)
         except ValueError:
             continue
         if isinstance(data, dict):
@@ -385,6 +379,7 @@ def _json_object(text: str) -> dict[str, Any] | None:
 
 
 def parse_episode(text: str, episode_id: int, turn_range: tuple[int, int]) -> Episode | None:
+    """A model's episode, or None when it is not one (every key present, right types, a summary)."""
     data = _json_object(text or "")
     keys = ("summary", "decisions", "eliminated", "open_questions", "tool_results")
     if data is None or any(k not in data for k in keys):
@@ -394,14 +389,7 @@ def parse_episode(text: str, episode_id: int, turn_range: tuple[int, int]) -> Ep
                                                                   "turn_range": turn_range})
     except ValidationError:
         return None
-    if not ep.summary.strip():
-        return None
-    return ep.model_copy(update={
-        "decisions": _dedupe_newest(ep.decisions, lambda d: _key(d.decision), EPISODE_CAP),
-        "eliminated": _dedupe_newest(ep.eliminated, lambda e: _key(e.approach), EPISODE_CAP),
-        "open_questions": _dedupe_newest(ep.open_questions, _key, EPISODE_CAP),
-        "tool_results": {k: _clip(v, TOOL_VALUE_CHARS) for k, v in list(ep.tool_results.items())[-EPISODE_CAP:]},
-    })
+    return _capped(ep) if ep.summary.strip() else None
 
 
 def parse_semantic(text: str) -> SemanticMemory | None:
@@ -414,62 +402,53 @@ def parse_semantic(text: str) -> SemanticMemory | None:
         return None
 
 
-# ---------------------------------------------------------------- rendering
+# ---- rendering
 
 def _items(lines: list[str], limit: int | None) -> list[str]:
-    """Newest kept when trimming: the hidden ones are the oldest."""
+    """Trimming keeps the newest items; the count of hidden (oldest) ones comes first."""
     if limit is None or len(lines) <= limit:
         return lines
-    return [f"- (+{len(lines) - limit} more)", *lines[len(lines) - limit:]] if limit else [
-        f"- (+{len(lines)} more)"]
+    return [f"- (+{len(lines) - limit} more)", *lines[len(lines) - limit:]]
 
 
 def _compose(memory: FoldedMemory, episodes: list[Episode], limit: int | None) -> str:
-    s = memory.semantic
+    s, c = memory.semantic, (lambda t: _clip(t, ITEM_CHARS))
+    sections = {
+        "Facts:": [f"- {c(f)}" for f in s.facts],
+        "Decisions:": [f"- {c(d.decision)}" + (f" (because {c(d.reason)})" if d.reason else "")
+                       for d in s.decisions],
+        "Ruled out:": [f"- {c(e.approach)}" + (f" — {c(e.why)}" if e.why else "")
+                       for e in s.eliminated_approaches],
+        "Patterns:": [f"- {c(p)}" for p in s.patterns],
+    }
     out: list[str] = []
-    sections = [
-        ("Facts:", [f"- {_clip(f, ITEM_CHARS)}" for f in s.facts]),
-        ("Decisions:", [f"- {_clip(d.decision, ITEM_CHARS)}" + (f" (because {_clip(d.reason, ITEM_CHARS)})"
-                                                               if d.reason else "") for d in s.decisions]),
-        ("Ruled out:", [f"- {_clip(e.approach, ITEM_CHARS)}" + (f" — {_clip(e.why, ITEM_CHARS)}" if e.why else "")
-                        for e in s.eliminated_approaches]),
-        ("Patterns:", [f"- {_clip(p, ITEM_CHARS)}" for p in s.patterns]),
-    ]
-    if any(lines for _, lines in sections):
+    if any(sections.values()):
         out.append("### Durable knowledge")
-        for title, lines in sections:
+        for title, lines in sections.items():
             out += [title, *_items(lines, limit)] if lines else []
     if episodes:
         out.append("### Recent episodes (oldest first)")
-        for ep in episodes:
-            out.append(f"Episode {ep.episode_id}, turns {ep.turn_range[0]}–{ep.turn_range[1]}: "
-                       f"{_clip(ep.summary, 2 * ITEM_CHARS)}")
-            out += _items([f"- decided: {_clip(d.decision, ITEM_CHARS)}" for d in ep.decisions[-3:]], limit)
-            out += _items([f"- open: {_clip(q, ITEM_CHARS)}" for q in ep.open_questions[-2:]], limit)
-    if not out:
-        return ""
+    for ep in episodes:
+        out.append(f"Episode {ep.episode_id}, turns {ep.turn_range[0]}-{ep.turn_range[1]}: "
+                   f"{_clip(ep.summary, 2 * ITEM_CHARS)}")
+        out += [f"- decided: {c(d.decision)}" for d in ep.decisions[-3:]]
+        out += [f"- open: {c(q)}" for q in ep.open_questions[-2:]]
     head = "## Folded memory (summaries of earlier turns; `recall` finds the originals)"
-    return "\n".join([head, *out])
+    return "\n".join([head, *out]) if out else ""
 
 
 def render(memory: FoldedMemory, *, recent_episodes: int = 3, max_chars: int = 6000) -> str:
-    """Semantic memory first, then a digest of the newest episodes; shrinks until it fits `max_chars`."""
+    """Semantic memory first, then a digest of the newest episodes; shrunk until it fits `max_chars`."""
     episodes = memory.episodes[-recent_episodes:] if recent_episodes > 0 else []
-    text = _compose(memory, episodes, None)
-    while len(text) > max_chars and episodes:  # oldest episode digests go first
-        episodes = episodes[1:]
-        text = _compose(memory, episodes, None)
     s = memory.semantic
     longest = max(len(s.facts), len(s.decisions), len(s.eliminated_approaches), len(s.patterns))
-    for limit in range(longest - 1, -1, -1):
+    # Shrink order: drop the oldest episode digests, then show fewer (newest) items per list.
+    attempts = [(episodes[i:], None) for i in range(len(episodes) + 1)]
+    attempts += [([], limit) for limit in range(longest - 1, -1, -1)]
+    for shown, limit in attempts:
+        text = _compose(memory, shown, limit)
         if len(text) <= max_chars:
-            break
-        text = _compose(memory, episodes, limit)
-    if len(text) > max_chars:  # only with a tiny max_chars: keep whole lines that fit
-        kept = ""
-        for line in text.splitlines():
-            if len(kept) + len(line) + 1 > max_chars:
-                break
-            kept += ("\n" if kept else "") + line
-        text = kept
+            return text
+    while len(text) > max_chars:  # only a tiny max_chars gets here: drop whole lines from the end
+        text = text.rsplit("\n", 1)[0] if "\n" in text else ""
     return text

@@ -32,49 +32,36 @@ ID_KEYS = ("id", "_id")
 LIST_KEYS = ("matches", "items", "results", "data", "records")  # tried after the type's own plural
 WRAPPER_KEYS = ("data", "result")  # single resource wrapped one level down
 
-HINT = 'Entities seen recently in tool results, most recent first; resolve "it", "that page" and the like to these ids.'
+HINT = ('Entities seen recently in tool results, most recent first; resolve "it", "that page" and the like '
+        "to these ids.")
 
 # Tried in order on the words of the tool name after its verb; the first match wins (so a
 # get_page_sections tool is about pages, as in the source's table).
 DEFAULT_TYPE_PATTERNS: dict[str, str] = {
-    r"\bpages?\b": "page",
-    r"\bsections?\b": "section",
-    r"\b(images?|photos?|pictures?)\b": "image",
-    r"\bmedia\b": "media",
-    r"\bposts?\b": "post",
-    r"\b(entry|entries)\b": "entry",
-    r"\bcollections?\b": "collection",
-    r"\btasks?\b": "task",
-    r"\bissues?\b": "issue",
-    r"\b(pull requests?|pulls?|prs?)\b": "pull_request",
-    r"\bcomments?\b": "comment",
-    r"\b(users?|members?)\b": "user",
-    r"\borders?\b": "order",
-    r"\bproducts?\b": "product",
-    r"\b(files?|documents?|docs?)\b": "file",
-    r"\b(folders?|directory|directories)\b": "folder",
-    r"\bprojects?\b": "project",
-    r"\b(repos?|repository|repositories)\b": "repository",
-    r"\bbranch(es)?\b": "branch",
-    r"\bcommits?\b": "commit",
-    r"\btickets?\b": "ticket",
-    r"\bmessages?\b": "message",
-    r"\bchannels?\b": "channel",
-    r"\bevents?\b": "event",
-    r"\bnotes?\b": "note",
+    r"\bpages?\b": "page", r"\bsections?\b": "section", r"\b(images?|photos?|pictures?)\b": "image",
+    r"\bmedia\b": "media", r"\bposts?\b": "post", r"\b(entry|entries)\b": "entry",
+    r"\bcollections?\b": "collection", r"\btasks?\b": "task", r"\bissues?\b": "issue",
+    r"\b(pull requests?|pulls?|prs?)\b": "pull_request", r"\bcomments?\b": "comment",
+    r"\b(users?|members?)\b": "user", r"\borders?\b": "order", r"\bproducts?\b": "product",
+    r"\b(files?|documents?|docs?)\b": "file", r"\b(folders?|directory|directories)\b": "folder",
+    r"\bprojects?\b": "project", r"\b(repos?|repository|repositories)\b": "repository",
+    r"\bbranch(es)?\b": "branch", r"\bcommits?\b": "commit", r"\btickets?\b": "ticket",
+    r"\bmessages?\b": "message", r"\bchannels?\b": "channel", r"\bevents?\b": "event", r"\bnotes?\b": "note",
 }
-VERBS = frozenset(
-    "get list search find fetch read query lookup retrieve show view describe open create add insert make "
-    "update edit modify patch put set upsert rename move copy delete remove archive publish upload download "
-    "save write post send".split()
-)
-FILLER = frozenset(
-    "by id ids all any details detail info information content contents data for of the a an to from with "
-    "in on and or my current recent latest tool api".split()
-)
+VERBS = frozenset({
+    "get", "list", "search", "find", "fetch", "read", "query", "lookup", "retrieve", "show", "view",
+    "describe", "open", "create", "add", "insert", "make", "update", "edit", "modify", "patch", "put",
+    "set", "upsert", "rename", "move", "copy", "delete", "remove", "archive", "publish", "upload",
+    "download", "save", "write", "post", "send",
+})
+FILLER = frozenset({
+    "by", "id", "ids", "all", "any", "details", "detail", "info", "information", "content", "contents",
+    "data", "for", "of", "the", "a", "an", "to", "from", "with", "in", "on", "and", "or", "my", "current",
+    "recent", "latest", "tool", "api",
+})
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
-_IRREGULAR_PLURAL = {"media": "media", "person": "people", "child": "children"}
-_IRREGULAR_SINGULAR = {plural: single for single, plural in _IRREGULAR_PLURAL.items()}
+_UNCOUNTABLE = frozenset({"media", "data", "metadata"})
+_PLURAL_ENDINGS = (("ies", "y"), ("sses", "ss"), ("xes", "x"), ("zes", "z"), ("ches", "ch"), ("shes", "sh"))
 _MISSING = object()
 
 
@@ -87,8 +74,8 @@ class Entity:
 
 def plural(word: str) -> str:
     """English plural, good enough for resource names (page -> pages, entry -> entries)."""
-    if word in _IRREGULAR_PLURAL:
-        return _IRREGULAR_PLURAL[word]
+    if word in _UNCOUNTABLE:
+        return word
     if len(word) > 1 and word.endswith("y") and word[-2] not in "aeiou":
         return word[:-1] + "ies"
     if word.endswith(("s", "x", "z", "ch", "sh")):
@@ -98,10 +85,7 @@ def plural(word: str) -> str:
 
 def singular(word: str) -> str:
     """Inverse of `plural` for the usual cases (invoices -> invoice, entries -> entry)."""
-    if word in _IRREGULAR_SINGULAR:
-        return _IRREGULAR_SINGULAR[word]
-    for suffix, replacement in (("ies", "y"), ("sses", "ss"), ("xes", "x"), ("zes", "z"), ("ches", "ch"),
-                                ("shes", "sh")):
+    for suffix, replacement in _PLURAL_ENDINGS:
         if word.endswith(suffix) and len(word) > len(suffix):
             return word[: -len(suffix)] + replacement
     if len(word) > 2 and word.endswith("s") and not word.endswith(("ss", "us", "is")):
@@ -110,19 +94,12 @@ def singular(word: str) -> str:
 
 
 def _nouns(tool_name: str) -> tuple[list[str], bool]:
-    """The words naming what a tool acts on (after its verb, so namespaces drop out) and whether it has one."""
+    """Words naming what a tool acts on (those after its verb, so namespaces drop out); has it a verb?"""
     words = [w for w in re.split(r"[^a-z0-9]+", _CAMEL.sub(" ", tool_name).lower()) if w]
     for index, word in enumerate(words):
         if word in VERBS and index + 1 < len(words):
             return words[index + 1 :], True
     return [w for w in words if w not in VERBS], any(w in VERBS for w in words)
-
-
-def _search(pattern: Any, text: str) -> bool:
-    try:
-        return isinstance(pattern, str) and re.search(pattern, text, re.IGNORECASE) is not None
-    except re.error:  # a bad pattern in a policy must not break the request path; policy check reports it
-        return False
 
 
 def infer_type(tool_name: str | None, type_patterns: dict[str, str] | None = None) -> str | None:
@@ -133,8 +110,11 @@ def infer_type(tool_name: str | None, type_patterns: dict[str, str] | None = Non
         return None
     tool_name = tool_name[:MAX_TOOL_NAME_CHARS]
     for pattern, kind in (type_patterns or {}).items():
-        if isinstance(kind, str) and kind and _search(pattern, tool_name):
-            return kind
+        try:
+            if isinstance(kind, str) and kind and re.search(pattern, tool_name, re.IGNORECASE):
+                return kind
+        except (re.error, TypeError):  # a bad policy pattern must not break the request path
+            continue
     nouns, has_verb = _nouns(tool_name)
     text = " ".join(nouns)
     for pattern, kind in DEFAULT_TYPE_PATTERNS.items():
@@ -151,7 +131,7 @@ def _clean_id(value: Any) -> str | None:
     if isinstance(value, bool):  # JSON true is not an id, though Python calls it an int
         return None
     if isinstance(value, int):
-        return str(value)
+        return str(value) if -(2**63) <= value < 2**64 else None  # str() of a giant int is slow, or raises
     if isinstance(value, str):
         value = value.strip()
         if value and len(value) <= MAX_ID_CHARS and value.isprintable():
@@ -208,25 +188,15 @@ def _from_value(value: Any, kind: str, limit: int, depth: int = 0) -> list[Entit
 def _from_arguments(arguments: dict[str, Any], result: Any, kind: str) -> list[Entity]:
     """A write whose result lacks the name: update_page(pageId, title) -> {"success": true}, or
     create_page(title) -> {"id": "page-123"}. The name comes from the call, the id from either."""
+    result = result if isinstance(result, dict) else {}
+    if result.get("error") or result.get("errors") or False in (result.get("success"), result.get("ok")):
+        return []  # the write failed: the name in the call never took effect
+    head, *rest = kind.split("_")
+    keys = (f"{head}{''.join(part.title() for part in rest)}Id", f"{kind}_id", "id")  # pageId, page_id, id
+    candidates = [result.get("id"), *(arguments.get(key) for key in keys)]
+    ident = next((clean for value in candidates if (clean := _clean_id(value))), None)
     name = _name(arguments)
-    if name is None or (isinstance(result, dict) and _failed(result)):
-        return []
-    ident = None
-    if isinstance(result, dict):
-        for candidate in (result, result.get(kind), result.get("data")):
-            if isinstance(candidate, dict) and (ident := _clean_id(candidate.get("id"))):
-                break
-    if ident is None:
-        head, *rest = kind.split("_")
-        camel = head + "".join(part.title() for part in rest)
-        keys = (f"{camel}Id", f"{kind}_id", "id")
-        ident = _clean_id(next((arguments[key] for key in keys if key in arguments), None))
-    return [Entity(ident, name, kind)] if ident else []
-
-
-def _failed(result: dict[str, Any]) -> bool:
-    return bool(result.get("error") or result.get("errors")) or any(
-        result.get(key) is False for key in ("success", "ok"))
+    return [Entity(ident, name, kind)] if ident and name else []
 
 
 def _parse(text: Any) -> Any:
@@ -243,7 +213,9 @@ def _parse(text: Any) -> Any:
 def extract(tool_name: str | None, arguments: str | None, content: str, *,
             max_from_list: int = DEFAULT_MAX_FROM_LIST,
             type_patterns: dict[str, str] | None = None) -> list[Entity]:
-    """Entities in one tool result, in the result's order; at most `max_from_list` from a list."""
+    """Entities in one tool result, in the result's order, at most `max_from_list` of them from a list.
+    A result that is not JSON yields nothing; a JSON result naming no entity may still yield one from the
+    call's arguments (a rename or a create answered with a bare id or {"success": true})."""
     kind = infer_type(tool_name, type_patterns)
     result = _parse(content) if kind else _MISSING
     if kind is None or result is _MISSING:
@@ -332,7 +304,7 @@ def observe_messages(memory: WorkingMemory, messages: Iterable[Any], *,
     """Feed every tool result of an OpenAI chat history to `memory`, in message order. A tool message is
     matched to the latest assistant tool call with its id (some agents reuse ids); results whose call is
     unknown are skipped, since without a tool name there is no type. Legacy `function` messages count too."""
-    calls: dict[str, tuple[str | None, str | None]] = {}
+    calls: dict[str, tuple[Any, Any]] = {}  # call id -> (tool name, arguments), checked by extract
     for message in messages:
         if not isinstance(message, dict):
             continue
@@ -341,13 +313,13 @@ def observe_messages(memory: WorkingMemory, messages: Iterable[Any], *,
             for call in message["tool_calls"]:
                 function = call.get("function") if isinstance(call, dict) else None
                 if isinstance(function, dict) and isinstance(call.get("id"), str):
-                    name, arguments = function.get("name"), function.get("arguments")
-                    calls[call["id"]] = (name if isinstance(name, str) else None,
-                                         arguments if isinstance(arguments, str) else None)
-        elif role == "tool" and isinstance(call_id := message.get("tool_call_id"), str) and call_id in calls:
+                    calls[call["id"]] = (function.get("name"), function.get("arguments"))
+            continue
+        if role == "tool" and isinstance(call_id := message.get("tool_call_id"), str) and call_id in calls:
             name, arguments = calls[call_id]
-            memory.observe(extract(name, arguments, _text(message.get("content")),
-                                   max_from_list=max_from_list, type_patterns=type_patterns))
-        elif role == "function" and isinstance(name := message.get("name"), str):
-            memory.observe(extract(name, None, _text(message.get("content")),
-                                   max_from_list=max_from_list, type_patterns=type_patterns))
+        elif role == "function":
+            name, arguments = message.get("name"), None
+        else:
+            continue
+        memory.observe(extract(name, arguments, _text(message.get("content")),
+                               max_from_list=max_from_list, type_patterns=type_patterns))
