@@ -6,9 +6,12 @@ so they are written directly (SQLite serializes writers) instead of through the 
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sqlite3
+import threading
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,13 +37,23 @@ class Pin:
     tokens: int
 
 
+_file_cache: dict[Path, tuple[int, str]] = {}
+
+
 def file_pins(policy: LoadedPolicy, tokens: TokenCounter) -> list[Pin]:
-    """The policy's pinned files, in the policy's order, read relative to the policy file."""
+    """The policy's pinned files, in the policy's order, read relative to the policy file.
+
+    Files are re-read only when their mtime changes (one stat per file per request).
+    """
     pins = []
     for relative in policy.policy.pinned.files:
         path = (policy.folder or Path(".")) / relative
         try:
-            text = path.read_text(encoding="utf-8")
+            mtime = path.stat().st_mtime_ns
+            cached = _file_cache.get(path)
+            if cached is None or cached[0] != mtime:
+                cached = _file_cache[path] = (mtime, path.read_text(encoding="utf-8"))
+            text = cached[1]
         except OSError as exc:
             raise ConfigError(f"{policy.path}: pinned.files: cannot read {relative!r}: {exc.strerror}") \
                 from None
@@ -52,11 +65,15 @@ class PinStore:
     def __init__(self, db_path: Path, tokens: TokenCounter) -> None:
         self.db_path, self.tokens = db_path, tokens
         open_database(db_path).close()  # create (0600) and migrate if needed
+        self._conn = sqlite3.connect(self.db_path, timeout=10, check_same_thread=False,
+                                     isolation_level=None)  # autocommit: each write is its own transaction
+        self._conn.row_factory = sqlite3.Row
+        self._lock = threading.Lock()
 
-    def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.db_path, timeout=10)
-        conn.row_factory = sqlite3.Row
-        return conn
+    @contextlib.contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            yield self._conn
 
     def list(self, policy: str, tenant: str | None = None) -> list[Pin]:
         """Pins of a project visible to `tenant` (None: all of the project's pins), oldest first."""

@@ -84,7 +84,14 @@ class TokenCounter:
             _encoder(encoding_name_for(model))
 
     def text(self, text: str, model: str) -> int:
-        return _encoder(encoding_name_for(model))(text)
+        family = encoding_name_for(model)
+        if len(text) < 256:
+            return _encoder(family)(text)
+        key = (family, ("text", text))  # blocks are re-counted every request: memoise the big ones
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = _encoder(family)(text)
+        return found
 
     def message(self, message: dict[str, Any], model: str) -> int:
         family = encoding_name_for(model)
