@@ -81,7 +81,16 @@ class WorkingMemoryPolicy(_Section):
     enabled: bool = True
     max_entities: int = Field(10, gt=0)
     max_from_list: int = Field(3, gt=0)
-    type_patterns: dict[str, str] = {}
+    type_patterns: dict[str, str] = {}  # regex on the tool name -> entity type, tried in order
+
+    @model_validator(mode="after")
+    def _patterns_compile(self) -> WorkingMemoryPolicy:
+        for pattern in self.type_patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"type_patterns: {pattern!r} is not a valid regex: {exc}") from None
+        return self
 
 
 class FoldedPolicy(_Section):

@@ -55,7 +55,8 @@ def replay(messages, policy: LoadedPolicy, store: StateStore | None = None):
 
 def injected(message: dict) -> bool:
     content = message.get("content")
-    return isinstance(content, str) and content.startswith(("[ctxproxy ", "[WORKING MEMORY]"))
+    blocks = ("[ctxproxy ", "[WORKING MEMORY]", "## Folded memory")
+    return isinstance(content, str) and content.startswith(blocks)
 
 
 def is_subsequence(kept: list[dict], sent: list[dict]) -> bool:

@@ -39,6 +39,7 @@ def test_missing_keys_take_design_defaults(tmp_path):
     ("- a list\n", "expected a mapping"),
     ("budget: [unclosed\n", "not valid YAML"),
     ("pinned:\n  files: [missing.md]\n", "pinned.files: 'missing.md' does not exist"),
+    ("working_memory:\n  type_patterns: {'get_(': page}\n", "is not a valid regex"),
 ])
 def test_bad_policies_name_file_key_and_reason(tmp_path, text, expected):
     path = write(tmp_path / "bad.yaml", text)
