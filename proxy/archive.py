@@ -266,7 +266,8 @@ class ArchiveWriter:
         self._db["messages"].insert({
             "id": node, "parent_id": parent, "tenant": record.tenant, "session_id": record.session_id,
             "policy": record.policy, "scope": scope_of(record.tenant, record.session_id, record.policy),
-            "role": message.get("role"), "text": searchable_text(message),
+            # The proxy's own answers (slash commands) would make recall find its earlier results.
+            "role": message.get("role"), "text": "" if record.gate == "command" else searchable_text(message),
             "body": body.decode(), "created_at": record.created_at,
         }, ignore=True)
         return node
