@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import orjson
 
-from proxy.layers import folded
+from proxy.layers import folded, folded_model
 from proxy.policy import Policy
 from proxy.state import SessionState, StateStore
 from proxy.upstream import Upstream
@@ -98,8 +98,8 @@ async def fold_with_model(upstream: Upstream, headers: dict[str, str], model: st
     episode_id, turns = state.folded.current_episode_id + 1, (seen, seen + len(messages) - 1)
     episode = None
     for _ in range(2):
-        text = await ask(upstream, headers, model, folded.episode_prompt(messages), timeout_s)
-        episode = folded.parse_episode(text, episode_id, turns) if text else None
+        text = await ask(upstream, headers, model, folded_model.episode_prompt(messages), timeout_s)
+        episode = folded_model.parse_episode(text, episode_id, turns) if text else None
         if episode is not None:
             break
     memory, flushed = folded.add_episode(
@@ -107,9 +107,9 @@ async def fold_with_model(upstream: Upstream, headers: dict[str, str], model: st
     if flushed:
         semantic = None
         for _ in range(2):
-            text = await ask(upstream, headers, model, folded.semantic_prompt(flushed, memory.semantic),
+            text = await ask(upstream, headers, model, folded_model.semantic_prompt(flushed, memory.semantic),
                              timeout_s)
-            semantic = folded.parse_semantic(text) if text else None
+            semantic = folded_model.parse_semantic(text) if text else None
             if semantic is not None:
                 break
         memory = folded.apply_distilled(memory, semantic or folded.distill(flushed, memory.semantic))

@@ -21,12 +21,9 @@ from proxy.layers.folded import (
     apply_distilled,
     distill,
     episode_from_messages,
-    episode_prompt,
-    parse_episode,
-    parse_semantic,
     render,
-    semantic_prompt,
 )
+from proxy.layers.folded_model import episode_prompt, parse_episode, parse_semantic, semantic_prompt
 from tests.strategies import conversation
 
 
