@@ -234,7 +234,7 @@ def rounds_context(state: ProxyState, request: Request, body: dict[str, Any],
         gate=lambda original, forwarded, protected: pipeline.gate_round(
             original, forwarded, outcome.tools, model, context, protected),
         count=lambda messages, tools: tokens.request(messages, tools, model),
-        new_record=new_record, submit=state.archive.submit)
+        new_record=new_record)
 
 
 async def answer_command(state: ProxyState, body: dict[str, Any], policy: LoadedPolicy, session: Session,

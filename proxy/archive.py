@@ -205,13 +205,7 @@ class ArchiveWriter:
             body = orjson.dumps(message)
             node = message_id(parent, body)
             if node not in self._seen:
-                rows.append({
-                    "id": node, "parent_id": parent, "tenant": record.tenant,
-                    "session_id": record.session_id, "policy": record.policy,
-                    "scope": scope_of(record.tenant, record.session_id, record.policy),
-                    "role": message.get("role") if isinstance(message, dict) else None,
-                    "text": searchable_text(message), "body": body.decode(), "created_at": record.created_at,
-                })
+                rows.append(_message_row(node, parent, message, body, record))
                 self._remember(node)
             parent = node
             ids.append(node)
@@ -263,14 +257,21 @@ class ArchiveWriter:
     def _store_chain_from(self, parent: str, message: dict[str, Any], record: ExchangeRecord) -> str:
         body = orjson.dumps(message)
         node = message_id(parent, body)
-        self._db["messages"].insert({
-            "id": node, "parent_id": parent, "tenant": record.tenant, "session_id": record.session_id,
-            "policy": record.policy, "scope": scope_of(record.tenant, record.session_id, record.policy),
-            # The proxy's own answers (slash commands) would make recall find its earlier results.
-            "role": message.get("role"), "text": "" if record.gate == "command" else searchable_text(message),
-            "body": body.decode(), "created_at": record.created_at,
-        }, ignore=True)
+        # The proxy's own answers (slash commands) would make recall find its earlier results.
+        row = _message_row(node, parent, message, body, record, searchable=record.gate != "command")
+        self._db["messages"].insert(row, ignore=True)
         return node
+
+
+def _message_row(node: str, parent: str, message: Any, body: bytes, record: ExchangeRecord,
+                 searchable: bool = True) -> dict[str, Any]:
+    return {
+        "id": node, "parent_id": parent, "tenant": record.tenant, "session_id": record.session_id,
+        "policy": record.policy, "scope": scope_of(record.tenant, record.session_id, record.policy),
+        "role": message.get("role") if isinstance(message, dict) else None,
+        "text": searchable_text(message) if searchable else "", "body": body.decode(),
+        "created_at": record.created_at,
+    }
 
 
 def _parse_response(record: ExchangeRecord) -> tuple[dict | None, dict | None, str | None, str | None]:

@@ -23,8 +23,7 @@ from proxy.layers import window
 from proxy.layers.folded import add_episode, apply_distilled, distill, episode_from_messages
 from proxy.layers.folded import render as render_folded
 from proxy.layers.tool_results import Pending, pending_summaries, summarize_large
-from proxy.layers.working_memory import WorkingMemory
-from proxy.layers.working_memory import extract as extract_entities
+from proxy.layers.working_memory import WorkingMemory, observe_messages
 from proxy.pins import Pin, file_pins
 from proxy.pins import render as render_pins
 from proxy.policy import LoadedPolicy, Policy
@@ -188,19 +187,8 @@ def observe_entities(messages: list[dict[str, Any]], state: SessionState, contex
     if seen == len(messages):
         return
     state.memory.max_entities = settings.max_entities
-    calls: dict[str, tuple[str | None, str | None]] = {}
-    for index, message in enumerate(messages):
-        for call in message.get("tool_calls") or ():
-            function = (call.get("function") or {}) if isinstance(call, dict) else {}
-            if isinstance(call, dict) and isinstance(call.get("id"), str):
-                calls[call["id"]] = (function.get("name"), function.get("arguments"))
-        if index >= seen and message.get("role") == "tool" and message.get("tool_call_id") in calls:
-            name, arguments = calls[message["tool_call_id"]]
-            content = message.get("content")
-            state.memory.observe(extract_entities(
-                name if isinstance(name, str) else None, arguments if isinstance(arguments, str) else None,
-                content if isinstance(content, str) else "", max_from_list=settings.max_from_list,
-                type_patterns=settings.type_patterns or None))
+    observe_messages(state.memory, messages, max_from_list=settings.max_from_list,
+                     type_patterns=settings.type_patterns or None, start=seen)
     state.memory_seen, state.memory_last = len(messages), messages[-1]
     context.store.save_memory(state, "working", {"version": 1, "memory": state.memory.to_dict(),
                                                  "seen": state.memory_seen, "last": state.memory_last})

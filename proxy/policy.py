@@ -19,7 +19,6 @@ from proxy.tokens import TokenCounter
 log = logging.getLogger("ctxproxy.policy")
 
 POLICY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-Pct = Field(ge=0.0, le=1.0)
 
 
 class _Section(BaseModel):

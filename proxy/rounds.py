@@ -45,7 +45,6 @@ class RoundsContext:
     gate: Callable[[list[dict[str, Any]], list[dict[str, Any]], frozenset[str]], GateResult]
     count: Callable[[list[dict[str, Any]], list[Any] | None], int]
     new_record: Callable[[list[dict[str, Any]], GateResult | None], ExchangeRecord]
-    submit: Callable[[ExchangeRecord], None]
     records: list[ExchangeRecord] = field(default_factory=list)
 
 

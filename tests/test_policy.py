@@ -83,9 +83,12 @@ def test_store_reloads_changed_file_and_keeps_last_good_on_bad_edit(tmp_path, ca
 
 def test_reload_is_visible_through_the_server(proxy, fake_upstream):
     path = proxy.policies_dir / "passthrough.yaml"
-    payload = {"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]}
-    assert httpx.post(f"{proxy.url}/p/passthrough/v1/chat/completions", json=payload).status_code == 200
-    write(path, "budget:\n  enabled: maybe\n")
+    url = f"{proxy.url}/p/passthrough/v1/chat/completions"
+    payload = {"model": "gpt-4o", "messages": [{"role": "user", "content": "word " * 300}]}
+    assert httpx.post(url, json=payload).status_code == 200  # every layer off
+    write(path, "budget:\n  max_input_tokens: 100\nwindow:\n  enabled: false\n")
     os.utime(path, ns=(1, 10**18))
-    response = httpx.post(f"{proxy.url}/p/passthrough/v1/chat/completions", json=payload)
-    assert response.status_code == 200  # the last good version stays in service
+    assert httpx.post(url, json=payload).status_code == 400  # the edit took effect: refused
+    write(path, "budget:\n  enabled: maybe\n")
+    os.utime(path, ns=(1, 2 * 10**18))
+    assert httpx.post(url, json=payload).status_code == 400  # a bad edit keeps the last good version

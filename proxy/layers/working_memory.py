@@ -300,7 +300,7 @@ def _text(content: Any) -> str:
 
 def observe_messages(memory: WorkingMemory, messages: Iterable[Any], *,
                      max_from_list: int = DEFAULT_MAX_FROM_LIST,
-                     type_patterns: dict[str, str] | None = None) -> None:
+                     type_patterns: dict[str, str] | None = None, start: int = 0) -> None:
     """Feed every tool result of an OpenAI chat history to `memory`, in message order. A tool message is
     matched to the latest assistant tool call with its id (some agents reuse ids); results whose call is
     unknown are skipped, since without a tool name there is no type. Legacy `function` messages count too."""
