@@ -8,7 +8,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ from proxy.metrics import Metrics
 from proxy.pins import PinStore
 from proxy.policy import LoadedPolicy, PolicyStore
 from proxy.reader import ArchiveReader
+from proxy.relay import archived, open_and_read, relay_stream
 from proxy.routes import (
     admin_pins,
     admin_search,
@@ -284,45 +285,6 @@ def ctxproxy_headers(session: Session, policy: LoadedPolicy, outcome: pipeline.O
         "x-ctxproxy-tokens-before": str(outcome.tokens_before),
         "x-ctxproxy-tokens-after": str(outcome.tokens_after),
     }
-
-
-async def open_and_read(upstream: Upstream, headers: dict[str, str], content: bytes, query: bytes,
-                        rc: rounds.RoundsContext) -> tuple[httpx.Response, bytes]:
-    record = rc.new_record(rc.forwarded, None)
-    rc.records.append(record)
-    upstream_started = time.perf_counter()
-    response = await upstream.open("POST", "/" + CHAT_ROUTE, query, headers, content)
-    record.status = response.status_code
-    record.response_body = await Upstream.read(response, upstream.base_url)
-    record.upstream_ms = (time.perf_counter() - upstream_started) * 1000
-    return response, record.response_body
-
-
-async def relay_stream(response: httpx.Response, record: ExchangeRecord) -> AsyncIterator[bytes]:
-    """Relay upstream bytes as they arrive and keep a copy for the archive."""
-    try:
-        async for chunk in response.aiter_raw():
-            record.response_chunks.append(chunk)
-            yield chunk
-    except httpx.HTTPError as exc:
-        record.error = f"upstream stream broke off: {exc or type(exc).__name__}"
-    finally:
-        with anyio.CancelScope(shield=True):
-            await response.aclose()
-
-
-async def archived(events: AsyncIterator[bytes], records: list[ExchangeRecord],
-                   on_done: Callable[[], None]) -> AsyncIterator[bytes]:
-    """Wrap a stream so its exchanges are archived however it ends (done, failed, client gone)."""
-    try:
-        async for event in events:
-            yield event
-    except BaseException:
-        if records and not records[-1].error:
-            records[-1].error = "client disconnected during the stream"
-        raise
-    finally:
-        on_done()
 
 
 def finish(state: ProxyState, records: list[ExchangeRecord], started: float, policy: str) -> None:
