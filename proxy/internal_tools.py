@@ -168,9 +168,14 @@ def recall(arguments: dict[str, Any], context: ToolContext) -> str:
 
 def format_hits(query: str, hits: list[dict[str, Any]], session_id: str, limit_chars: int) -> str:
     """Ranked snippets with where and when they were said, and a call id to read the whole result."""
+    stopped = getattr(hits, "truncated", False)  # the search hit its time limit
     if not hits:
+        if stopped:
+            return (f"recall {query!r}: the search stopped at its time limit before finding a match; "
+                    "try fewer, more distinctive words.")
         return f"recall {query!r}: no matches in the archive."
-    lines = [f"recall {query!r}: {len(hits)} match{'es' if len(hits) != 1 else ''}, best first."]
+    lines = [f"recall {query!r}: {len(hits)} match{'es' if len(hits) != 1 else ''}, best first"
+             + (" (the search stopped early at its time limit; more may match)." if stopped else ".")]
     for rank, hit in enumerate(hits, 1):
         where = "this session" if hit["session_id"] == session_id else f"session {hit['session_id']}"
         call = _call_id(hit.get("body"))

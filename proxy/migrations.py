@@ -91,3 +91,49 @@ def m006_session_memory(db: Database) -> None:
     # Working memory (entities) and folded memory (episodes, semantic) per session, as versioned JSON.
     db["session_memory"].create({"tenant": str, "session_id": str, "kind": str, "data": str,
                                  "updated_at": str}, pk=("tenant", "session_id", "kind"))
+
+
+@migrations()
+def m008_pins_session(db: Database) -> None:
+    # Pins made by /pin under `commands.pins: session` belong to one session; NULL: project-wide.
+    db["pins"].add_column("session_id", str)
+    db["pins"].create_index(["policy", "tenant", "session_id"])
+
+
+@migrations()
+def m007_chunked_search_and_raw_responses(db: Database) -> None:
+    # Searchable text is indexed in ~4 KB chunks keyed to their message, so ranking and snippets cost a
+    # chunk's work per hit however long the document (snippet() over a 20 MB tool result took a
+    # minute). The writer inserts the chunks itself: no triggers. The text lives in the chunk index
+    # only; messages.body keeps each message exactly, messages.text and .scope are no longer filled.
+    # messages.size (bytes of body) and call_id let recall skip reading huge bodies.
+    # exchanges.response_raw / parse_error keep an answer that could not be parsed, and why.
+    from proxy.archive import chunk_text, loads, message_call_id
+
+    db["messages"].disable_fts()  # messages_fts and its triggers (which would fire on the updates below)
+    db.execute("CREATE VIRTUAL TABLE message_chunks_fts USING fts5("
+               "message_id UNINDEXED, scope, text, tokenize='porter')")
+    db["messages"].add_column("call_id", str)
+    db["messages"].add_column("size", int)
+    last = -1
+    while True:
+        rows = db.execute("SELECT rowid, id, scope, text, body FROM messages WHERE rowid > ? "
+                          "ORDER BY rowid LIMIT 2000", [last]).fetchall()
+        if not rows:
+            break
+        chunks, updates = [], []
+        for rowid, node, scope, text, body in rows:
+            last = rowid
+            if text:
+                chunks.extend((node, scope or "", piece) for piece in chunk_text(text))
+            try:
+                call_id = message_call_id(loads(body)) if body else None
+            except ValueError:
+                call_id = None
+            updates.append((len((body or "").encode("utf-8", "surrogatepass")), call_id, rowid))
+        db.conn.executemany("INSERT INTO message_chunks_fts (message_id, scope, text) VALUES (?, ?, ?)",
+                            chunks)
+        db.conn.executemany("UPDATE messages SET size = ?, call_id = ?, text = NULL, scope = NULL "
+                            "WHERE rowid = ?", updates)
+    db["exchanges"].add_column("response_raw", bytes)
+    db["exchanges"].add_column("parse_error", str)

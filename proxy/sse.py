@@ -15,33 +15,44 @@ class EventSplitter:
     """Incrementally cut raw bytes into complete SSE events (separated by a blank line).
 
     Bytes are kept as bytes until an event is complete, so a multi-byte UTF-8 character split across
-    network chunks is never decoded in halves.
+    network chunks is never decoded in halves. Each byte is searched about once, so a huge event
+    arriving in many small reads costs linear time.
     """
 
     def __init__(self) -> None:
-        self._buffer = b""
+        self._buffer = bytearray()
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        self._buffer += chunk
+        return self.feed_raw(chunk)[1]
+
+    def feed_raw(self, chunk: bytes) -> tuple[bytes, list[bytes]]:
+        """(the bytes of the events completed by `chunk`, separators included, as received; the events)."""
+        buffer = self._buffer
+        # What is buffered holds no separator: one can only end in the new bytes.
+        scan = max(0, len(buffer) - 3)
+        buffer += chunk
         events: list[bytes] = []
+        found = {separator: buffer.find(separator, scan) for separator in SEPARATORS}
+        start = 0
         while True:
-            cut, width = _find_boundary(self._buffer)
-            if cut < 0:
-                return events
-            events.append(self._buffer[:cut])
-            self._buffer = self._buffer[cut + width:]
+            hits = [(at, len(separator)) for separator, at in found.items() if at >= 0]
+            if not hits:
+                break
+            cut, width = min(hits)
+            events.append(bytes(buffer[start:cut]))
+            start = cut + width
+            for separator, at in found.items():
+                if 0 <= at < start:
+                    found[separator] = buffer.find(separator, start)
+        complete = bytes(buffer[:start])
+        del buffer[:start]
+        return complete, events
 
     def rest(self) -> bytes:
-        return self._buffer
+        return bytes(self._buffer)
 
 
-def _find_boundary(buffer: bytes) -> tuple[int, int]:
-    best, width = -1, 0
-    for separator in (b"\n\n", b"\r\n\r\n", b"\r\r"):
-        at = buffer.find(separator)
-        if at >= 0 and (best < 0 or at < best):
-            best, width = at, len(separator)
-    return best, width
+SEPARATORS = (b"\n\n", b"\r\n\r\n", b"\r\r")
 
 
 def event_data(event: bytes) -> bytes | None:
@@ -76,35 +87,84 @@ class StreamAssembly:
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
+    chunks: int = 0  # chat-completion chunks folded in
+    problems: list[str] = field(default_factory=list)  # what did not have the expected shape (first few)
 
-    def add(self, chunk: dict[str, Any]) -> None:
-        self.response_id = self.response_id or chunk.get("id")
-        self.model = self.model or chunk.get("model")
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
-        for choice in chunk.get("choices") or ():
+    def problem(self, text: str) -> None:
+        if len(self.problems) < 8 and text not in self.problems:
+            self.problems.append(text)
+
+    def add(self, chunk: Any) -> None:
+        """Fold one parsed `data:` payload in; anything of the wrong shape is noted and skipped."""
+        if not isinstance(chunk, dict):
+            self.problem(f"a data event is {type(chunk).__name__}, not an object")
+            return
+        self.chunks += 1
+        if self.response_id is None and isinstance(chunk.get("id"), str):
+            self.response_id = chunk["id"]
+        if self.model is None and isinstance(chunk.get("model"), str):
+            self.model = chunk["model"]
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            if usage:
+                self.usage = usage
+        elif usage is not None:
+            self.problem(f"usage is {type(usage).__name__}, not an object")
+        choices = chunk.get("choices")
+        if choices is None:
+            return
+        if not isinstance(choices, list):
+            self.problem(f"choices is {type(choices).__name__}, not a list")
+            return
+        for choice in choices:
+            if not isinstance(choice, dict):
+                self.problem(f"a choice is {type(choice).__name__}, not an object")
+                continue
             if choice.get("index", 0) != 0:
                 continue
-            delta = choice.get("delta") or {}
-            if delta.get("role"):
-                self.role = delta["role"]
-            if isinstance(delta.get("content"), str):
-                self.content.append(delta["content"])
-            if isinstance(delta.get("refusal"), str):
-                self.refusal.append(delta["refusal"])
-            for call in delta.get("tool_calls") or ():
-                slot = self.tool_calls.setdefault(
-                    call.get("index", len(self.tool_calls)),
-                    {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
-                if call.get("id"):
-                    slot["id"] = call["id"]
-                if call.get("type"):
-                    slot["type"] = call["type"]
-                function = call.get("function") or {}
-                slot["function"]["name"] += function.get("name") or ""
-                slot["function"]["arguments"] += function.get("arguments") or ""
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
+            self._add_delta(choice.get("delta"))
+            finish = choice.get("finish_reason")
+            if isinstance(finish, str) and finish:
+                self.finish_reason = finish
+
+    def _add_delta(self, delta: Any) -> None:
+        if delta is None:
+            return
+        if not isinstance(delta, dict):
+            self.problem(f"a delta is {type(delta).__name__}, not an object")
+            return
+        if isinstance(delta.get("role"), str) and delta["role"]:
+            self.role = delta["role"]
+        if isinstance(delta.get("content"), str):
+            self.content.append(delta["content"])
+        if isinstance(delta.get("refusal"), str):
+            self.refusal.append(delta["refusal"])
+        calls = delta.get("tool_calls")
+        if calls is not None and not isinstance(calls, list):
+            self.problem(f"tool_calls is {type(calls).__name__}, not a list")
+            return
+        for call in calls or ():
+            if not isinstance(call, dict):
+                self.problem(f"a tool call delta is {type(call).__name__}, not an object")
+                continue
+            index = call.get("index")
+            if not isinstance(index, int) or isinstance(index, bool):
+                index = len(self.tool_calls)
+            slot = self.tool_calls.setdefault(
+                index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+            if isinstance(call.get("id"), str) and call["id"]:
+                slot["id"] = call["id"]
+            if isinstance(call.get("type"), str) and call["type"]:
+                slot["type"] = call["type"]
+            function = call.get("function")
+            if not isinstance(function, dict):
+                if function is not None:
+                    self.problem(f"a tool call's function is {type(function).__name__}, not an object")
+                continue
+            if isinstance(function.get("name"), str):
+                slot["function"]["name"] += function["name"]
+            if isinstance(function.get("arguments"), str):
+                slot["function"]["arguments"] += function["arguments"]
 
     def message(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": self.role, "content": "".join(self.content) or None}
@@ -116,7 +176,10 @@ class StreamAssembly:
 
 
 def assemble(chunks: Iterable[bytes]) -> StreamAssembly:
-    """Fold a recorded SSE byte stream (as relayed) into one assistant message."""
+    """Fold a recorded SSE byte stream (as relayed) into one assistant message. Never raises: data that
+    is not JSON, or JSON of another shape, is skipped and named in `problems`."""
+    import json  # the stdlib reads what orjson refuses (escaped lone surrogates, integers past 64 bits)
+
     assembly = StreamAssembly()
     for data in iter_data(chunks):
         if data.strip() == DONE:
@@ -124,7 +187,10 @@ def assemble(chunks: Iterable[bytes]) -> StreamAssembly:
         try:
             chunk = orjson.loads(data)
         except orjson.JSONDecodeError:
-            continue
-        if isinstance(chunk, dict):
-            assembly.add(chunk)
+            try:
+                chunk = json.loads(data)
+            except ValueError:
+                assembly.problem(f"a data event is not JSON: {bytes(data[:80])!r}")
+                continue
+        assembly.add(chunk)
     return assembly

@@ -76,7 +76,7 @@ def test_archive_is_private_and_holds_no_api_key(proxy, fake_upstream):
     proxy.flush()
     path = proxy.data_dir / "archive.db"
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    for candidate in path.parent.iterdir():
+    for candidate in (p for p in path.parent.rglob("*") if p.is_file()):  # the spool too
         assert secret.encode() not in candidate.read_bytes()
         assert b"SECRET-0123456789" not in candidate.read_bytes()
 
