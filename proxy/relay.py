@@ -3,17 +3,22 @@ chunk by chunk, keeping what the archive needs either way."""
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
 import httpx
 
-from proxy import rounds
+from proxy import faults, rounds
 from proxy.archive import ExchangeRecord
 from proxy.upstream import Upstream
 
+log = logging.getLogger("ctxproxy")
+
 CHAT_PATH = "/chat/completions"
+DONE_EVENT = b"data: [DONE]"
+ERROR_EVENT = b'data: {"error"'  # as faults.error_event writes it (and providers do)
 
 
 async def open_and_read(upstream: Upstream, headers: dict[str, str], content: bytes, query: bytes,
@@ -21,35 +26,100 @@ async def open_and_read(upstream: Upstream, headers: dict[str, str], content: by
     record = rc.new_record(rc.forwarded, None)
     rc.records.append(record)
     upstream_started = time.perf_counter()
-    response = await upstream.open("POST", CHAT_PATH, query, headers, content)
-    record.status = response.status_code
-    record.response_body = await Upstream.read(response, upstream.base_url)
-    record.upstream_ms = (time.perf_counter() - upstream_started) * 1000
+    try:
+        response = await upstream.open("POST", CHAT_PATH, query, headers, content)
+        record.status = response.status_code
+        record.response_body = await faults.read_answer(response, upstream.base_url)
+    finally:
+        record.upstream_ms = (time.perf_counter() - upstream_started) * 1000
     return response, record.response_body
 
 
 async def relay_stream(response: httpx.Response, record: ExchangeRecord) -> AsyncIterator[bytes]:
-    """Relay upstream bytes as they arrive and keep a copy for the archive."""
+    """Relay upstream bytes as they arrive and keep a copy for the archive. Never ends silently.
+
+    An event stream goes out event by event, byte for byte. If it breaks off (reset, closed mid-body,
+    read timeout) or stops before a finish_reason or `[DONE]`, the client's stream ends with an
+    OpenAI-shaped error event and no `[DONE]`, and the record names the cause. Anything else (an
+    error status, a JSON answer) is relayed chunk by chunk untouched.
+    """
+    started = time.perf_counter()
+    watch = faults.StreamWatch() if faults.is_event_stream(response) else None
+    broke: httpx.HTTPError | None = None
     try:
         async for chunk in response.aiter_raw():
             record.response_chunks.append(chunk)
-            yield chunk
+            out = watch.feed(chunk) if watch is not None else chunk
+            if out:
+                yield out
     except httpx.HTTPError as exc:
-        record.error = f"upstream stream broke off: {exc or type(exc).__name__}"
+        broke = exc
     finally:
         with anyio.CancelScope(shield=True):
             await response.aclose()
+        record.upstream_ms = faults.elapsed_ms(response, started)
+    if watch is None:
+        if broke is not None:
+            record.error = faults.stream_failure(broke)[1]
+        return
+    tail = watch.flush()  # an event the upstream left without its blank line
+    if tail:
+        yield tail
+    for event in stream_end(watch, broke, record):
+        yield event
+
+
+def stream_end(watch: faults.StreamWatch, broke: httpx.HTTPError | None,
+               record: ExchangeRecord) -> list[bytes]:
+    """What ends a relayed event stream besides its own events: nothing, or one error event."""
+    if watch.upstream_error is not None:  # relayed as sent: the client's SDK raises on it
+        record.error = f"upstream sent an error in the stream: {faults.error_message(watch.upstream_error)}"
+        return []
+    if broke is not None:
+        code, message = faults.stream_failure(broke)
+        if watch.done:  # the answer was whole; only the connection's end went wrong
+            record.error = f"{message} (after [DONE])"
+            return []
+    elif watch.whole:
+        return []
+    else:
+        code, message = faults.STREAM_BROKEN, faults.CUT_SHORT
+    if watch.cut_tail:
+        message += " (mid-event)"
+    record.error = message
+    return [faults.error_event(message, code)]
 
 
 async def archived(events: AsyncIterator[bytes], records: list[ExchangeRecord],
-                   on_done: Callable[[], None]) -> AsyncIterator[bytes]:
-    """Wrap a stream so its exchanges are archived however it ends (done, failed, client gone)."""
+                   on_done: Callable[[], Awaitable[None]]) -> AsyncIterator[bytes]:
+    """Wrap a stream so its exchanges are archived however it ends (done, failed, client gone).
+
+    The event carrying `[DONE]` (or an error event, which ends a failed stream) is held back until
+    the archive has the exchange: a client that saw the end of its answer can rely on it being
+    recorded, even if the proxy dies right after.
+    """
+    held: bytes | None = None
     try:
         async for event in events:
+            if held is not None:  # "[DONE]" inside a content string, not the terminator
+                yield held
+                held = None
+            if DONE_EVENT in event or ERROR_EVENT in event:  # the end, or an error that ends it
+                held = event
+                continue
             yield event
+    except Exception as exc:  # a proxy bug, not the client leaving: the client still learns of it
+        log.exception("chat stream failed")
+        message = f"ctxproxy failed during the stream: {faults.describe(exc)}"
+        if records and not records[-1].error:
+            records[-1].error = message
+        held = faults.error_event(message, "internal_error", "server_error")
     except BaseException:
         if records and not records[-1].error:
             records[-1].error = "client disconnected during the stream"
         raise
     finally:
-        on_done()
+        with anyio.CancelScope(shield=True):
+            await on_done()
+    if held is not None:
+        yield held

@@ -17,11 +17,14 @@ import anyio
 import httpx
 import orjson
 
+from proxy import faults
 from proxy.archive import ExchangeRecord
 from proxy.budget import GateResult, padded
 from proxy.errors import CtxProxyError
 from proxy.internal_tools import ToolContext, execute, is_internal_call
+from proxy.layers import splices
 from proxy.sse import DONE, EventSplitter, event_data
+from proxy.state import StateStore
 from proxy.upstream import Upstream
 
 CHARS_PER_TOKEN = 3  # conservative: a page must fit the room left in the window
@@ -67,13 +70,12 @@ class Conversation:
             body["tools"] = self.rc.tools
         return orjson.dumps(body)
 
-    async def answer(self, content: str | None, calls: list[dict[str, Any]]) -> GateResult:
-        """Append the internal calls and their results, then gate the next round."""
-        assistant: dict[str, Any] = {"role": "assistant", "content": content or None, "tool_calls": calls}
-        self.original.append(assistant)
-        self.forwarded.append(assistant)
+    async def execute(self, calls: list[dict[str, Any]],
+                      before: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The result messages of internal calls; each page fits the room `before` and earlier pages leave."""
+        messages, results = list(before), []
         for call in calls:
-            room = self.rc.window - padded(self.rc.count(self.forwarded, self.rc.tools), self.rc.pad_pct)
+            room = self.rc.window - padded(self.rc.count(messages, self.rc.tools), self.rc.pad_pct)
             page = min(self.rc.tool_context.page_chars, int(room * 0.8) * CHARS_PER_TOKEN)
             if page < 400:
                 text = "error: no room left in the context window for more retrieved text"
@@ -82,13 +84,38 @@ class Conversation:
                 context = dataclasses.replace(self.rc.tool_context, page_chars=page)
                 text = await anyio.to_thread.run_sync(execute, call, context)
             result = {"role": "tool", "tool_call_id": call.get("id"), "content": text}
-            self.original.append(result)
-            self.forwarded.append(result)
-            self.internal_ids.add(str(call.get("id")))
+            messages.append(result)
+            results.append(result)
+        return results
+
+    async def answer(self, content: str | None, calls: list[dict[str, Any]]) -> GateResult:
+        """Append the internal calls and their results, then gate the next round."""
+        assistant: dict[str, Any] = {"role": "assistant", "content": content or None, "tool_calls": calls}
+        self.original.append(assistant)
+        self.forwarded.append(assistant)
+        results = await self.execute(calls, self.forwarded)
+        self.original.extend(results)
+        self.forwarded.extend(results)
+        self.internal_ids.update(str(call.get("id")) for call in calls)
         gated = self.rc.gate(self.original, self.forwarded, frozenset(self.internal_ids))
         self.forwarded = gated.messages
         self.round += 1
         return gated
+
+    async def splice(self, content: str | None, calls: list[dict[str, Any]]) -> None:
+        """A turn that called client tools too: answer our calls now (the model waits for the client's
+        results before it goes on) and keep them, so the turn's next request puts them back."""
+        positions = [index for index, call in enumerate(calls) if is_internal_call(call)]
+        assistant: dict[str, Any] = {"role": "assistant", "content": content or None, "tool_calls": calls}
+        results = await self.execute([calls[i] for i in positions], [*self.forwarded, assistant])
+        made = splices.make(calls, positions, results)
+        if made is not None:
+            context = self.rc.tool_context
+            await anyio.to_thread.run_sync(_remember, context.store, context.tenant, context.session_id, made)
+
+
+def _remember(store: StateStore, tenant: str, session_id: str, splice: splices.Splice) -> None:
+    splices.remember(store, store.get(tenant, session_id), splice)
 
 
 def split_calls(calls: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -96,9 +123,9 @@ def split_calls(calls: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list
     return internal, [c for c in calls if not is_internal_call(c)]
 
 
-def add_usage(total: dict[str, Any] | None, usage: dict[str, Any] | None) -> dict[str, Any] | None:
+def add_usage(total: dict[str, Any] | None, usage: Any) -> dict[str, Any] | None:
     """Sum token usage over rounds, so the client sees what the whole answer cost."""
-    if not usage:
+    if not usage or not isinstance(usage, dict):
         return total
     if total is None:
         return copy.deepcopy(usage)
@@ -110,40 +137,91 @@ def add_usage(total: dict[str, Any] | None, usage: dict[str, Any] | None) -> dic
     return total
 
 
+def new_round(rc: RoundsContext, conversation: Conversation) -> ExchangeRecord:
+    record = rc.new_record(conversation.forwarded, None)
+    rc.records.append(record)
+    return record
+
+
 async def complete(rc: RoundsContext) -> tuple[httpx.Response, bytes]:
-    """Non-streaming: loop until the model answers without internal calls (or rounds run out)."""
+    """Non-streaming: loop until the model answers without internal calls (or rounds run out).
+
+    An answer the proxy cannot read as a chat completion (or an error status) goes to the client as
+    the upstream sent it; the round's record says why it was not taken further.
+    """
     conversation = Conversation(rc)
     usage: dict[str, Any] | None = None
+    rewrite = False
     while True:
-        record = rc.new_record(conversation.forwarded, None)
+        record = new_round(rc, conversation)
         started = time.perf_counter()
         try:
             response = await rc.upstream.open("POST", rc.path, rc.query, rc.headers, conversation.content())
-            payload = await Upstream.read(response, rc.upstream.base_url)
+            record.status = response.status_code
+            payload = await faults.read_answer(response, rc.upstream.base_url)
         finally:
             record.upstream_ms = (time.perf_counter() - started) * 1000
-            rc.records.append(record)
-        record.status, record.response_body = response.status_code, payload
+        record.response_body = payload
         if response.status_code != 200:
+            if conversation.round:
+                record.error = f"upstream answered HTTP {response.status_code} to internal round " \
+                               f"{conversation.round}; relayed"
             return response, payload
-        try:
-            data = orjson.loads(payload)
-            message = data["choices"][0]["message"]
-        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+        data, problem = _completion(payload)
+        if data is None:
+            record.error = f"upstream answer is not a chat completion ({problem}); relayed untouched"
             return response, payload
+        choice = data["choices"][0]
+        message = choice["message"]
         usage = add_usage(usage, data.get("usage"))
-        internal, client_calls = split_calls(message.get("tool_calls") or [])
+        calls = message.get("tool_calls") or []
+        internal, client_calls = split_calls(calls)
         if not internal:
+            break
+        rewrite = True
+        if client_calls:
+            await conversation.splice(message.get("content"), calls)
+            message["tool_calls"] = client_calls
+            choice["finish_reason"] = "tool_calls"
             break
         if conversation.round >= rc.max_rounds:
             _strip_internal(data, message, client_calls, rc.max_rounds)
             break
-        await conversation.answer(message.get("content"), internal)
-    if conversation.round:
+        try:
+            await conversation.answer(message.get("content"), internal)
+        except CtxProxyError:
+            new_round(rc, conversation)  # the refused round is the one that failed (the app marks it)
+            raise
+    if rewrite or conversation.round:
         if usage is not None:
             data["usage"] = usage
         payload = orjson.dumps(data)
     return response, payload
+
+
+def _completion(payload: bytes) -> tuple[dict[str, Any] | None, str]:
+    """The answer as a chat completion whose first message the proxy can act on, or why not."""
+    try:
+        data = orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
+        return None, f"not JSON: {exc}"
+    if not isinstance(data, dict):
+        return None, f"a JSON {type(data).__name__}, not an object"
+    if data.get("error"):
+        return None, f"an error object: {faults.error_message(data['error'])}"
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return None, "no choices list"
+    if not isinstance(choices[0], dict) or not isinstance(choices[0].get("message"), dict):
+        return None, "choices[0].message is not an object"
+    calls = choices[0]["message"].get("tool_calls")
+    if calls is not None and (not isinstance(calls, list) or not all(_is_call(c) for c in calls)):
+        return None, "tool_calls is not a list of calls"
+    return data, ""
+
+
+def _is_call(call: Any) -> bool:
+    return isinstance(call, dict) and isinstance(call.get("function"), dict)
 
 
 def _strip_internal(data: dict[str, Any], message: dict[str, Any], client_calls: list[dict[str, Any]],
@@ -168,6 +246,10 @@ class RoundState:
     finish: dict[str, Any] | None = None
     usage: dict[str, Any] | None = None
     response_id: str | None = None
+    done: bool = False  # [DONE] seen
+    error: Any = None  # an `error` object the upstream put in the stream (relayed; the stream ends)
+    malformed: str | None = None  # the first event the proxy could not read (relayed untouched)
+    cut_tail: bool = False  # the upstream stopped mid-event
 
 
 def sse_bytes(obj: Any) -> bytes:
@@ -183,41 +265,93 @@ async def stream(rc: RoundsContext, first: httpx.Response) -> AsyncIterator[byte
 
     Tool-call deltas are buffered (the client cannot act on a half call anyway); if the round called
     only client tools they are released, renumbered, after the content. Internal calls are answered
-    and the next round's content continues the same stream under the first response id.
+    and the next round's content continues the same stream under the first response id. A round that
+    breaks off, stops short or fails to open ends the client's stream with an OpenAI-shaped error
+    event (no `[DONE]`); its record names the cause.
     """
     conversation = Conversation(rc)
     response, response_id, usage = first, None, None
+    record: ExchangeRecord | None = new_round(rc, conversation)
+    record.status = response.status_code
+    started = time.perf_counter()
     try:
         while True:
-            record = rc.new_record(conversation.forwarded, None)
-            record.status = response.status_code
-            rc.records.append(record)
             state = RoundState()
-            async for out in _relay_round(response, record, state, conversation.round, response_id):
-                yield out
+            broke: httpx.HTTPError | None = None
+            try:
+                async for out in _relay_round(response, record, state, conversation.round, response_id):
+                    yield out
+            except httpx.HTTPError as exc:
+                broke = exc
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await response.aclose()
+                record.upstream_ms = faults.elapsed_ms(response, started)
+            end = _round_end(state, broke, record)
+            if end is not None:
+                if end:
+                    yield end
+                return
             response_id = response_id or state.response_id
             usage = add_usage(usage, state.usage)
             calls = [state.calls[i] for i in sorted(state.calls)]
             internal, client_calls = split_calls(calls)
-            if internal and conversation.round < rc.max_rounds:
+            if internal and client_calls:
+                await conversation.splice("".join(state.content), calls)
+            elif internal and conversation.round < rc.max_rounds:
+                record = None
                 await conversation.answer("".join(state.content), internal)
-                await response.aclose()
-                response = await open_stream(rc, conversation.content())
-                if response.status_code != 200:
-                    body = await Upstream.read(response, rc.upstream.base_url)
-                    yield sse_bytes({"error": _error_of(body, response.status_code)})
-                    yield sse_bytes(DONE)
+                record = new_round(rc, conversation)
+                started = time.perf_counter()
+                try:
+                    response = await open_stream(rc, conversation.content())
+                    record.status = response.status_code
+                    body = None if response.status_code == 200 else \
+                        await faults.read_answer(response, rc.upstream.base_url)
+                finally:
+                    record.upstream_ms = (time.perf_counter() - started) * 1000  # a 200: at its end
+                if body is not None:
+                    record.response_body = body
+                    error = _error_of(body, response.status_code)
+                    record.error = (f"upstream answered HTTP {response.status_code} to internal round "
+                                    f"{conversation.round}: {error['message']}")
+                    yield sse_bytes({"error": error})
                     return
                 continue
             for out in _finish_round(state, client_calls, bool(internal), response_id, usage, rc.max_rounds):
                 yield out
             return
     except CtxProxyError as exc:
+        if record is None:  # refused before the next round was sent
+            record = new_round(rc, conversation)
+        record.status, record.error = exc.status, exc.message
         yield sse_bytes(exc.body())
-        yield sse_bytes(DONE)
     finally:
         with anyio.CancelScope(shield=True):
             await response.aclose()
+
+
+def _round_end(state: RoundState, broke: httpx.HTTPError | None, record: ExchangeRecord) -> bytes | None:
+    """None when the round is whole; otherwise how the client's stream ends: b"" (the upstream's own
+    error event was relayed) or our error event. Sets the record's error either way."""
+    if state.malformed:
+        record.error = f"malformed upstream event relayed untouched: {state.malformed}"
+    if state.error is not None:
+        record.error = f"upstream sent an error in the stream: {faults.error_message(state.error)}"
+        return b""
+    if broke is not None:
+        code, message = faults.stream_failure(broke)
+        if state.done:
+            record.error = f"{message} (after [DONE])"
+            return None
+    elif state.done or state.finish is not None:
+        return None
+    else:
+        code, message = faults.STREAM_BROKEN, faults.CUT_SHORT
+    if state.cut_tail:
+        message += " (mid-event)"
+    record.error = message
+    return faults.error_event(message, code)
 
 
 async def _relay_round(response: httpx.Response, record: ExchangeRecord, state: RoundState, round_no: int,
@@ -226,25 +360,90 @@ async def _relay_round(response: httpx.Response, record: ExchangeRecord, state: 
     async for chunk in response.aiter_raw():
         record.response_chunks.append(chunk)
         for event in splitter.feed(chunk):
-            data = event_data(event)
-            if data is None:
-                yield event + b"\n\n"  # comments / keep-alives
-                continue
-            if data.strip() == DONE:
-                continue  # one [DONE] at the very end
-            try:
-                obj = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                yield event + b"\n\n"
-                continue
-            state.response_id = state.response_id or obj.get("id")
-            if _hold(obj, state):
-                continue
-            if round_no and response_id:
-                obj["id"] = response_id
-                yield sse_bytes(obj)
-            else:
-                yield event + b"\n\n"  # untouched bytes
+            out = _event(event, state, round_no, response_id)
+            if out:
+                yield out
+            if state.error is not None:
+                return
+    tail = splitter.rest()
+    if faults.complete_tail(tail):  # the last event came without its blank line
+        out = _event(tail.rstrip(b"\r\n"), state, round_no, response_id)
+        if out:
+            yield out
+    elif tail.strip():
+        state.cut_tail = True
+
+
+def _event(event: bytes, state: RoundState, round_no: int, response_id: str | None) -> bytes | None:
+    """What one upstream event becomes for the client: itself, a rewritten copy, or nothing (held)."""
+    data = event_data(event)
+    if data is None:
+        return event + b"\n\n"  # comments / keep-alives
+    if data.strip() == DONE:
+        state.done = True
+        return None  # one [DONE] at the very end
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        state.malformed = state.malformed or f"data is not JSON: {data[:120]!r}"
+        return event + b"\n\n"
+    if isinstance(obj, dict) and obj.get("error"):
+        state.error = obj["error"]
+        return event + b"\n\n"
+    problem = _chunk_problem(obj)
+    if problem:
+        state.malformed = state.malformed or f"{problem}: {data[:120]!r}"
+        return event + b"\n\n"
+    if isinstance(obj.get("id"), str):
+        state.response_id = state.response_id or obj["id"]
+    if _hold(obj, state):
+        return None
+    if round_no and response_id:
+        obj["id"] = response_id
+        return sse_bytes(obj)
+    return event + b"\n\n"  # untouched bytes
+
+
+def _chunk_problem(obj: Any) -> str | None:
+    """Why a parsed event is not a chat.completion.chunk the proxy can read, or None."""
+    if not isinstance(obj, dict):
+        return f"a JSON {type(obj).__name__}, not an object"
+    if obj.get("usage") is not None and not isinstance(obj["usage"], dict):
+        return "usage is not an object"
+    choices = obj.get("choices")
+    if choices is None or choices == []:
+        return None
+    if not isinstance(choices, list):
+        return "choices is not a list"
+    choice = choices[0]
+    if not isinstance(choice, dict):
+        return "choices[0] is not an object"
+    delta = choice.get("delta")
+    if delta is None:
+        return None
+    if not isinstance(delta, dict):
+        return "delta is not an object"
+    calls = delta.get("tool_calls")
+    if calls is None:
+        return None
+    if not isinstance(calls, list):
+        return "tool_calls is not a list"
+    for call in calls:
+        if not isinstance(call, dict):
+            return "a tool call is not an object"
+        index = call.get("index", 0)
+        if isinstance(index, bool) or not isinstance(index, int):
+            return "a tool call index is not an integer"
+        function = call.get("function")
+        if call.get("id") is not None and not isinstance(call["id"], str):
+            return "a tool call id is not a string"
+        if function is None:
+            continue
+        if not isinstance(function, dict) or any(
+                function.get(key) is not None and not isinstance(function[key], str)
+                for key in ("name", "arguments")):
+            return "a tool call function is not {name, arguments} strings"
+    return None
 
 
 def _hold(obj: dict[str, Any], state: RoundState) -> bool:
@@ -310,9 +509,15 @@ def _finish_round(state: RoundState, client_calls: list[dict[str, Any]], dropped
     return out
 
 
-def _error_of(body: bytes, status: int) -> Any:
+def _error_of(body: bytes, status: int) -> dict[str, Any]:
+    """An OpenAI-shaped error object for an upstream error answer: the upstream's own when it has one."""
     try:
         parsed = orjson.loads(body)
-        return parsed.get("error", parsed) if isinstance(parsed, dict) else parsed
     except orjson.JSONDecodeError:
-        return {"message": body.decode("utf-8", "replace")[:2000], "code": status}
+        parsed = None
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return {"type": "upstream_error", "code": None, "param": None} | error
+    text = error if isinstance(error, str) else body.decode("utf-8", "replace")[:2000]
+    return {"message": f"upstream answered HTTP {status}: {text}", "type": "upstream_error",
+            "code": "upstream_http_error", "param": None}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import struct
 import threading
 import time
 from collections import deque
@@ -28,7 +29,8 @@ class ServerThread:
     """Run an ASGI app with uvicorn on 127.0.0.1:<free port> in a background thread."""
 
     def __init__(self, app: Any) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # With the protocol given, asyncio sets TCP_NODELAY (else ~40 ms of delayed ACK per request).
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
@@ -67,9 +69,18 @@ class Seen:
         return orjson.loads(self.body)
 
 
+RESET = "reset"  # abort the connection with a TCP RST (the client reads ECONNRESET)
+CLOSE = "close"  # close the connection without ending the chunked body (an incomplete chunked read)
+FAULTS = frozenset({RESET, CLOSE})
+
+
 @dataclass
 class Step:
-    """One scripted answer. `kind`: reply | stream | error | hang | raw."""
+    """One scripted answer. `kind`: reply | stream | error | hang | raw.
+
+    `fault` (reset | close) breaks a stream or raw answer off after its chunks / first `cut_after`
+    body bytes; `hang_after_chunks` stalls a stream after its chunks until the client goes away.
+    """
 
     kind: str = "reply"
     content: str | None = None
@@ -80,6 +91,14 @@ class Step:
     headers: dict[str, str] = field(default_factory=dict)
     hang_after_chunks: bool = False
     hold_after_first: threading.Event | None = None  # send the rest only once the test saw chunk one
+    fault: str | None = None  # RESET | CLOSE, after the chunks (stream) or `cut_after` bytes (raw)
+    cut_after: int = 0  # raw answers with a fault: how many body bytes go out first
+
+
+def huge_stream(size: int, *, piece: int = 1 << 16, response_id: str = "chatcmpl-huge") -> list[bytes]:
+    """A valid stream whose one content delta is `size` characters, sent in `piece`-byte network writes."""
+    body = b"".join(stream_chunks(["x" * size], response_id=response_id))
+    return [body[i:i + piece] for i in range(0, len(body), piece)]
 
 
 def completion(content: str | None, tool_calls: list[dict[str, Any]] | None = None, *,
@@ -122,6 +141,19 @@ def stream_chunks(text_pieces: list[str], *, response_id: str = "chatcmpl-stream
     return out
 
 
+class WithTransport:
+    """ASGI middleware: put uvicorn's transport in the scope (its `send` is bound to the request cycle,
+    which holds it), so a fault step can close or reset the connection itself."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            scope["fake.transport"] = getattr(getattr(send, "__self__", None), "transport", None)
+        await self.app(scope, receive, send)
+
+
 class FakeUpstream:
     """A scripted OpenAI-like provider. Thread-safe enough for the tests: one request at a time."""
 
@@ -131,10 +163,11 @@ class FakeUpstream:
         self.by_model: dict[str, Callable[[Seen], Step]] = {}  # answers for a model, outside the script
         self.got_request = threading.Event()
         self.saw_disconnect = threading.Event()
-        self.app = Starlette(routes=[
+        self.routes = Starlette(routes=[
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/{path:path}", self.other, methods=["GET", "POST", "DELETE", "PUT", "PATCH"]),
         ])
+        self.app = WithTransport(self.routes)
 
     def reset(self) -> None:
         self.seen.clear()
@@ -186,6 +219,13 @@ class FakeUpstream:
         if step.kind == "error":
             return Response(step.body, status_code=step.status, headers=step.headers,
                             media_type="application/json")
+        if step.kind == "raw" and step.fault in FAULTS:
+            async def cut_body():
+                yield step.body[:step.cut_after]
+                await self._break(request, step.fault)
+
+            return StreamingResponse(cut_body(), status_code=step.status,
+                                     headers={"content-length": str(len(step.body)), **step.headers})
         if step.kind == "raw":
             return Response(step.body, status_code=step.status, headers=step.headers)
         if step.kind == "stream":
@@ -195,6 +235,8 @@ class FakeUpstream:
                     await asyncio.sleep(0)
                     if index == 0 and step.hold_after_first is not None:
                         await anyio.to_thread.run_sync(step.hold_after_first.wait, 30)
+                if step.fault in FAULTS:
+                    await self._break(request, step.fault)
                 if step.hang_after_chunks:
                     await self._wait_for_disconnect(request)
 
@@ -204,6 +246,19 @@ class FakeUpstream:
         payload = orjson.dumps(completion(step.content, step.tool_calls))
         return Response(payload, status_code=step.status, media_type="application/json",
                         headers={"x-upstream": "fake", **step.headers})
+
+    async def _break(self, request: Request, fault: str) -> None:
+        """End the connection mid-answer: FIN without the last chunk (CLOSE) or an RST (RESET)."""
+        transport = request.scope.get("fake.transport")
+        assert transport is not None, "uvicorn's transport is not reachable from the app"
+        await asyncio.sleep(0.05)  # let what was written reach the peer before the connection goes
+        if fault == RESET:
+            sock = transport.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            transport.abort()
+        else:
+            transport.close()
+        await self._wait_for_disconnect(request)  # uvicorn sends nothing more once it saw the loss
 
     async def other(self, request: Request) -> Response:
         seen = await self._record(request)

@@ -89,17 +89,6 @@ def test_streaming_with_openai_sdk(proxy, fake_upstream):
     assert not any(c.choices and c.choices[0].delta.tool_calls for c in chunks)
 
 
-def test_mixed_internal_and_client_calls_run_internal_then_ask_again(proxy, fake_upstream):
-    client_call = {"id": "call_x", "type": "function", "function": {"name": "read_file",
-                                                                     "arguments": '{"path": "b"}'}}
-    fake_upstream.then(Step(tool_calls=[internal_call(), client_call]), Step(tool_calls=[client_call]))
-    message = proxy.client().chat.completions.create(
-        model="gpt-4o", messages=history(), tools=TOOLS).choices[0].message
-    assert [c.id for c in message.tool_calls] == ["call_x"]
-    second = fake_upstream.chat_requests[1].json()["messages"]
-    assert [c["id"] for c in second[-2]["tool_calls"]] == ["int_1"]  # only the internal call was replayed
-
-
 def test_client_tool_calls_in_a_stream_are_released_whole(proxy, fake_upstream):
     client_call = {"id": "call_x", "type": "function", "function": {"name": "read_file",
                                                                      "arguments": '{"path": "b"}'}}
