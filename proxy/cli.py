@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import sys
 from collections.abc import Sequence
@@ -147,8 +148,19 @@ def cmd_pin(args: argparse.Namespace) -> int:
     return 0
 
 
+def version() -> str:
+    """The installed distribution's version; the source tree's when ctxproxy runs uninstalled."""
+    try:
+        return importlib.metadata.version("ctxproxy")
+    except importlib.metadata.PackageNotFoundError:
+        from proxy import __version__
+
+        return __version__
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="ctxproxy", description="Context-managing OpenAI-compatible proxy.")
+    top.add_argument("--version", action="version", version=f"ctxproxy {version()}")
     sub = top.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the proxy")

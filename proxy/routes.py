@@ -1,4 +1,7 @@
-"""Every route but the chat path: byte passthrough, health, metrics, the admin search API, error pages."""
+"""Every route but the chat path: byte passthrough, health, metrics, the admin search API, error pages.
+
+Every error here is OpenAI-shaped JSON, including Starlette's own 404 and 405 (see handle_http_exception).
+"""
 
 from __future__ import annotations
 
@@ -10,11 +13,12 @@ from typing import TYPE_CHECKING
 
 import anyio
 import orjson
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from proxy.errors import BadRequest, CtxProxyError, NotFound
-from proxy.policy import LoadedPolicy, PolicyStore
+from proxy.policy import POLICY_NAME, LoadedPolicy, PolicyStore
 from proxy.upstream import response_headers
 
 if TYPE_CHECKING:
@@ -26,10 +30,22 @@ POLICY_HEADER = "x-ctxproxy-policy"
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 
 
+# First path segments of API calls (OpenAI's, and Anthropic's /messages): without /v1 before them, the
+# client's base URL is missing its /v1.
+API_RESOURCES = frozenset({
+    "chat", "completions", "responses", "messages", "embeddings", "models", "moderations", "images", "audio",
+    "files", "uploads", "batches", "fine_tuning", "assistants", "threads", "vector_stores", "realtime",
+    "conversations", "containers", "evals",
+})
+
+
 def select_policy(request: Request, store: PolicyStore) -> LoadedPolicy:
     """URL prefix `/p/{policy}/v1` first, then the header, then `default`."""
-    name = request.path_params.get("policy") or request.headers.get(POLICY_HEADER) or "default"
-    return store.get(name)
+    in_url = request.path_params.get("policy")
+    if in_url is not None and not POLICY_NAME.match(in_url):
+        # No such route, as for any other URL that names no policy ("/p/%2e%2e/v1/..." included).
+        raise NotFound(f"unknown policy {in_url!r} in the URL /p/<policy>/v1", code="unknown_policy")
+    return store.get(in_url or request.headers.get(POLICY_HEADER) or "default")
 
 
 async def passthrough(request: Request) -> Response:
@@ -38,6 +54,10 @@ async def passthrough(request: Request) -> Response:
     if "policy" in request.path_params:
         select_policy(request, state.policies)  # an unknown policy in the URL is still a 404
     path = "/" + request.path_params["path"]
+    if any(segment in (".", "..") for segment in path.split("/")):
+        # httpx would resolve them against the upstream base URL, leaving its /v1 (or reaching other paths)
+        raise NotFound(f"Invalid URL ({request.method} {request.url.path}): dot segments are not forwarded",
+                       code="unknown_route")
     headers = state.upstream.request_headers(request.headers, identity=False)
     if request.headers.get("content-length"):
         headers["content-length"] = request.headers["content-length"]
@@ -99,6 +119,39 @@ async def handle_client_disconnect(request: Request, exc: Exception) -> Response
     return Response(status_code=499)
 
 
+async def handle_http_exception(request: Request, exc: Exception) -> Response:
+    """Starlette's routing errors (no route: 404, wrong method: 405) as OpenAI-shaped JSON, not plain text."""
+    assert isinstance(exc, HTTPException)
+    headers = dict(exc.headers or {})
+    where = f"{request.method} {request.url.path}"
+    if exc.status_code == 404:
+        hint = missing_v1_hint(request)
+        error: CtxProxyError = NotFound(f"Invalid URL ({where}): ctxproxy serves the OpenAI API under /v1 "
+                                        f"and /p/<policy>/v1.{hint}", code="unknown_route")
+    elif exc.status_code == 405:
+        allowed = headers.get("Allow") or headers.get("allow") or ""
+        error = BadRequest(f"Method {request.method} is not allowed for {request.url.path}"
+                           + (f" (allowed: {allowed})" if allowed else ""), code="method_not_allowed")
+    elif exc.status_code < 500:
+        error = BadRequest(str(exc.detail), code="invalid_request")
+    else:
+        error = CtxProxyError(str(exc.detail))
+    return error_response(error, headers, status=exc.status_code)
+
+
+def missing_v1_hint(request: Request) -> str:
+    """A path that looks like an API call without /v1 (/chat/completions, /p/x/responses): name the fix."""
+    segments = [s for s in request.url.path.split("/") if s]
+    prefix = ""
+    if len(segments) >= 2 and segments[0] == "p" and POLICY_NAME.match(segments[1]):
+        prefix, segments = f"/p/{segments[1]}", segments[2:]
+    if not segments or segments[0] not in API_RESOURCES:
+        return ""
+    base = str(request.base_url).rstrip("/") + prefix + "/v1"
+    return (f" This looks like an API call without /v1: the client's base URL must end in /v1, "
+            f"e.g. OPENAI_BASE_URL={base}")
+
+
 def admin_denied(request: Request) -> Response | None:
     """The admin API needs its token, and a loopback client unless admin.allow_remote."""
     state: ProxyState = request.app.state.proxy
@@ -111,9 +164,11 @@ def admin_denied(request: Request) -> Response | None:
     if not admin.allow_remote and client not in LOOPBACK:
         return error_response(CtxProxyError("the admin API answers loopback clients only "
                                             "(admin.allow_remote)", code="forbidden"), status=403)
-    offered = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-    if not hmac.compare_digest(offered.encode(), token.encode()):
-        return error_response(CtxProxyError("missing or wrong admin token", code="unauthorized"), status=401)
+    scheme, _, offered = request.headers.get("authorization", "").strip().partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(offered.strip().encode(), token.encode()):
+        return error_response(CtxProxyError("missing or wrong admin token: send it as "
+                                            "'Authorization: Bearer <token>'", code="unauthorized"),
+                              {"www-authenticate": "Bearer"}, status=401)
     return None
 
 

@@ -250,3 +250,117 @@ def test_healthz_and_metrics(proxy, fake_upstream):
     assert "ctxproxy_added_seconds_bucket" in text
     assert "ctxproxy_upstream_seconds_bucket" in text
 
+
+# ------------------------------------------------------------------------- client mistakes are 4xx (issue 8)
+
+def _openai_error(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    error = response.json()["error"]
+    assert set(error) >= {"message", "type", "param", "code"}
+    return error
+
+
+def test_client_shape_mistakes_name_the_field(proxy, fake_upstream):
+    call = {"id": "c1", "type": "function", "function": {"name": "run", "arguments": {"x": 1}}}
+    body = {"model": "gpt-4o", "messages": [
+        {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "c"},
+        {"role": "assistant", "content": None, "tool_calls": [call]}]}
+    error = _openai_error(httpx.post(f"{proxy.url}/v1/chat/completions", json=body), 400)
+    assert error["param"] == "messages[3].tool_calls[0].function.arguments"
+    assert error["type"] == "invalid_request_error"
+    surrogate = b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "hi \\ud800"}]}'
+    error = _openai_error(httpx.post(f"{proxy.url}/v1/chat/completions", content=surrogate), 400)
+    assert error["param"] == "messages[0].content" and error["code"] == "invalid_unicode"
+    deep = b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}], "x": ' + b"[" * 5000 + \
+        b"]" * 5000 + b"}"
+    _openai_error(httpx.post(f"{proxy.url}/v1/chat/completions", content=deep), 400)
+    assert fake_upstream.chat_requests == []
+
+
+@pytest.mark.parametrize("path", ["/nope", "/v2/chat/completions", "/p/passthrough/v2/models", "/p/x"])
+def test_unknown_routes_are_openai_shaped_404s(proxy, fake_upstream, path):
+    error = _openai_error(httpx.get(f"{proxy.url}{path}"), 404)
+    assert error["type"] == "invalid_request_error" and error["code"] == "unknown_route"
+    assert path in error["message"]
+    assert "must end in /v1" not in error["message"]
+    assert fake_upstream.seen == []
+
+
+@pytest.mark.parametrize(("path", "base"), [
+    ("/chat/completions", "/v1"), ("/p/passthrough/chat/completions", "/p/passthrough/v1"),
+    ("/messages", "/v1"), ("/responses", "/v1"), ("/models", "/v1"), ("/embeddings", "/v1"),
+])
+def test_api_calls_without_v1_hint_at_the_base_url(proxy, fake_upstream, path, base):
+    error = _openai_error(httpx.post(f"{proxy.url}{path}", json={"model": "gpt-4o"}), 404)
+    assert "must end in /v1" in error["message"]
+    assert f"OPENAI_BASE_URL={proxy.url}{base}" in error["message"]
+    assert fake_upstream.seen == []
+
+
+def test_the_sdk_without_v1_gets_the_hint(proxy, fake_upstream):
+    client = proxy.client(base_url=proxy.url)
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
+    assert f"OPENAI_BASE_URL={proxy.url}/v1" in caught.value.message
+
+
+@pytest.mark.parametrize("raw_path", [
+    b"/p/%2e%2e/v1/chat/completions", b"/p/%2E%2E/v1/models", b"/v1/./models", b"/v1/%2e%2e/admin",
+    b"/v1/files/%2e%2e/%2e%2e/secret"])
+def test_dot_segments_are_404s_and_never_forwarded(proxy, fake_upstream, raw_path):
+    with socket.create_connection(("127.0.0.1", proxy.server.port)) as sock:
+        body = b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]}'
+        sock.sendall(b"POST " + raw_path + b" HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     b"connection: close\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+    head, _, payload = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 404"), head
+    assert orjson.loads(payload)["error"]["type"] == "invalid_request_error"
+    assert fake_upstream.seen == []
+
+
+def test_unknown_policy_in_the_url_is_a_404_naming_it(proxy, fake_upstream):
+    payload = {"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]}
+    for url in (f"{proxy.url}/p/nope/v1/chat/completions", f"{proxy.url}/p/nope/v1/models"):
+        error = _openai_error(httpx.post(url, json=payload), 404)
+        assert "'nope'" in error["message"] and error["code"] == "unknown_policy"
+
+
+@pytest.mark.parametrize(("method", "path", "allowed"), [
+    ("POST", "/healthz", "GET"), ("DELETE", "/metrics", "GET"), ("PUT", "/ctxproxy/pins", "GET"),
+    ("GET", "/ctxproxy/pins/pin-1", "DELETE"), ("TRACE", "/v1/chat/completions", "POST"),
+])
+def test_wrong_method_on_our_routes_is_an_openai_shaped_405(proxy, fake_upstream, method, path, allowed):
+    response = httpx.request(method, f"{proxy.url}{path}")
+    error = _openai_error(response, 405)
+    assert error["code"] == "method_not_allowed" and method in error["message"]
+    assert allowed in response.headers["allow"]
+
+
+def test_listing_stored_chat_completions_is_passed_through(proxy, fake_upstream):
+    """GET /v1/chat/completions is OpenAI's list of stored completions (client.chat.completions.list())."""
+    for base in ("/v1", "/p/passthrough/v1"):
+        response = httpx.get(f"{proxy.url}{base}/chat/completions?limit=2",
+                             headers={"authorization": "Bearer k"})
+        assert response.status_code == 200
+        assert response.headers["x-echo-method"] == "GET"
+        seen = fake_upstream.seen[-1]
+        assert (seen.method, seen.path) == ("GET", "/v1/chat/completions?limit=2")
+        assert seen.headers["authorization"] == "Bearer k"
+
+
+def test_admin_token_must_be_sent_as_bearer(make_proxy, fake_upstream, monkeypatch):
+    monkeypatch.setenv("CTXPROXY_ADMIN", "s3cret")
+    proxy = make_proxy({"admin": {"token_env": "CTXPROXY_ADMIN"}})
+    url = f"{proxy.url}/ctxproxy/pins"
+    for header in ("s3cret", "Basic s3cret", "Bearer", "Bearer s3cret2", "Token s3cret", "bearers3cret"):
+        response = httpx.get(url, headers={"authorization": header})
+        error = _openai_error(response, 401)
+        assert error["code"] == "unauthorized" and "Bearer" in error["message"]
+        assert response.headers["www-authenticate"] == "Bearer"
+    for header in ("Bearer s3cret", "bearer s3cret", "Bearer  s3cret"):
+        assert httpx.get(url, headers={"authorization": header}).status_code == 200

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-import orjson
+import subprocess
+import sys
 
-from proxy.cli import main
+import orjson
+import pytest
+
+from proxy.cli import main, version
 
 
 def test_sessions_show_and_search(proxy, fake_upstream, capsys):
@@ -36,3 +40,14 @@ def test_cli_without_archive_says_so(tmp_path, capsys):
     config.write_text("data_dir: nowhere\n")
     assert main(["sessions", "--config", str(config)]) == 2
     assert "no archive at" in capsys.readouterr().err
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == f"ctxproxy {version()}"
+    done = subprocess.run([sys.executable, "-m", "proxy", "--version"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == f"ctxproxy {version()}"
+    assert version().count(".") >= 1

@@ -189,12 +189,12 @@ def _open_questions(spoken: list[tuple[str, str]]) -> list[str]:
 
 def _call_label(call: dict[str, Any]) -> str:
     fn = call.get("function") or {}
-    try:
+    try:  # arguments are the model's text: anything goes, nesting past the recursion limit included
         args = json.loads(fn.get("arguments") or "null")
-    except (TypeError, ValueError):
+        if isinstance(args, dict):
+            args = ", ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in args.items())
+    except (TypeError, ValueError, RecursionError):
         args = fn.get("arguments")
-    if isinstance(args, dict):
-        args = ", ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in args.items())
     return f"{fn.get('name') or 'tool'}({_clip(str(args or ''), 100)})"
 
 
