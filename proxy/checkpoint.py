@@ -10,8 +10,12 @@ from typing import Any
 
 import orjson
 
+from proxy import secrets
+
 CHECKPOINT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-REDACTION_POLICY = ["tool.content", "assistant.tool_calls.function.arguments"]
+# What a redacted checkpoint leaves out: tool bodies and tool-call arguments whole, and secret-looking
+# values (API keys, tokens, passwords, private keys; see proxy/secrets.py) in every other text.
+REDACTION_POLICY = ["tool.content", "assistant.tool_calls.function.arguments", secrets.POLICY_ENTRY]
 
 
 def _size(value: Any) -> int:
@@ -19,7 +23,11 @@ def _size(value: Any) -> int:
 
 
 def redact(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Tool bodies and tool-call arguments become `[redacted: N chars]`; the structure stays."""
+    """Tool bodies and tool-call arguments become `[redacted: N chars]`; the structure stays.
+
+    Every other string of a message (system, user and assistant content, text parts, names, refusals)
+    keeps its text minus secret-looking values, which become `[redacted secret]`.
+    """
     out = []
     for message in messages:
         copy = dict(message)
@@ -35,7 +43,7 @@ def redact(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     call["function"] = function
                 calls.append(call)
             copy["tool_calls"] = calls
-        out.append(copy)
+        out.append(secrets.scrub_value(copy))
     return out
 
 

@@ -1,5 +1,10 @@
 """Pinned knowledge: the policy's files plus runtime pins per project, under one hard token budget.
 
+Runtime pins come from two places. The CLI and the admin API pin for the whole project (tenant "*"):
+curated by the operator. `/pin` and `/remember` in a chat pin for the API key that sent them (its
+tenant), either within the project or, under `commands.pins: session`, within that one session; these
+are labelled in the pinned block as what they are, text an end user typed into a conversation.
+
 A pin that would exceed the budget fails with both sizes and changes nothing. Pins are few and rare,
 so they are written directly (SQLite serializes writers) instead of through the archive's queue.
 """
@@ -21,6 +26,13 @@ from proxy.policy import LoadedPolicy
 from proxy.tokens import TokenCounter
 
 EVERY_TENANT = "*"
+# Where a pin came from, which decides how the pinned block labels it.
+CURATED, CHAT_PROJECT, CHAT_SESSION = "curated", "chat-project", "chat-session"
+LABELS = {
+    CURATED: "[ctxproxy pinned knowledge: curated by the user; always applies]",
+    CHAT_PROJECT: "[ctxproxy pinned knowledge: pinned by /pin in a conversation with this API key]",
+    CHAT_SESSION: "[ctxproxy pinned knowledge: pinned in this conversation by /pin]",
+}
 PIN_ID = re.compile(r"^pin-[0-9a-f]{8,32}$")
 COUNT_MODEL = "gpt-4o"  # budgets are model-independent: counted with one tokenizer
 
@@ -35,6 +47,13 @@ class Pin:
     name: str
     content: str
     tokens: int
+    origin: str = CURATED  # curated (files, CLI, admin API) | chat-project | chat-session (/pin)
+
+
+def _origin(tenant: str, session_id: str | None) -> str:
+    if tenant == EVERY_TENANT:
+        return CURATED
+    return CHAT_SESSION if session_id is not None else CHAT_PROJECT
 
 
 _file_cache: dict[Path, tuple[int, str]] = {}
@@ -75,51 +94,79 @@ class PinStore:
         with self._lock:
             yield self._conn
 
-    def list(self, policy: str, tenant: str | None = None) -> list[Pin]:
-        """Pins of a project visible to `tenant` (None: all of the project's pins), oldest first."""
+    def list(self, policy: str, tenant: str | None = None, session_id: str | None = None) -> list[Pin]:
+        """Pins of a project, oldest first.
+
+        tenant None: all of them (operators). Else those visible to the tenant: the project-wide ones
+        (tenant "*"), the tenant's own project pins, and, given a session, the tenant's pins of that session.
+        """
         query = "select * from pins where policy = ?"
         params: list[str] = [policy]
         if tenant is not None:
             query += " and tenant in (?, ?)"
             params += [tenant, EVERY_TENANT]
+            if session_id is None:
+                query += " and session_id is null"
+            else:
+                query += " and (session_id is null or session_id = ?)"
+                params.append(session_id)
         with self._connect() as conn:
             rows = conn.execute(query + " order by created_at, id", params).fetchall()
-        return [Pin(r["id"], r["name"], r["content"], r["tokens"]) for r in rows]
+        return [Pin(r["id"], r["name"], r["content"], r["tokens"], _origin(r["tenant"], r["session_id"]))
+                for r in rows]
 
-    def add(self, policy: LoadedPolicy, content: str, *, name: str, tenant: str = EVERY_TENANT) -> Pin:
+    def add(self, policy: LoadedPolicy, content: str, *, name: str, tenant: str = EVERY_TENANT,
+            session_id: str | None = None) -> Pin:
+        """Pin for the project (tenant "*": the CLI and admin API), a tenant in it, or a tenant's session."""
         if not content.strip():
             raise BadRequest("a pin needs some text", code="empty_pin")
+        if tenant == EVERY_TENANT and session_id is not None:
+            raise ValueError("project-wide pins have no session")
         tokens = self.tokens.text(content, COUNT_MODEL)
         used = sum(p.tokens for p in file_pins(policy, self.tokens)) + sum(
-            p.tokens for p in self.list(policy.name, tenant))
+            p.tokens for p in self.list(policy.name, tenant, session_id))
         limit = policy.policy.pinned.max_tokens
         if used + tokens > limit:
             raise PinBudgetExceeded(f"pinning {tokens} tokens would make {used + tokens} pinned tokens, over "
                                     f"pinned.max_tokens ({limit}) of policy {policy.name!r}; nothing changed")
-        pin = Pin(f"pin-{uuid.uuid4().hex[:12]}", name, content, tokens)
+        pin = Pin(f"pin-{uuid.uuid4().hex[:12]}", name, content, tokens, _origin(tenant, session_id))
         with self._connect() as conn:
-            conn.execute("insert into pins (id, tenant, policy, name, content, tokens, created_at) "
-                         "values (?, ?, ?, ?, ?, ?, ?)",
-                         (pin.id, tenant, policy.name, name, content, tokens, utc_now()))
+            conn.execute("insert into pins (id, tenant, policy, name, content, tokens, created_at, "
+                         "session_id) values (?, ?, ?, ?, ?, ?, ?, ?)",
+                         (pin.id, tenant, policy.name, name, content, tokens, utc_now(), session_id))
         return pin
 
-    def remove(self, policy: str, pin_id: str, tenant: str | None = None) -> None:
+    def remove(self, policy: str, pin_id: str, tenant: str | None = None,
+               session_id: str | None = None) -> None:
+        """Remove a pin. tenant None: any pin of the project (operators). Else only the tenant's own pins
+        (never a project-wide one), and given a session only the pins of that session."""
         if not PIN_ID.match(pin_id):
             raise BadRequest(f"invalid pin id {pin_id!r}", code="invalid_pin_id")
         query, params = "delete from pins where id = ? and policy = ?", [pin_id, policy]
         if tenant is not None:
-            query += " and tenant in (?, ?)"
-            params += [tenant, EVERY_TENANT]
+            query += " and tenant = ?"
+            params.append(tenant)
+        if session_id is not None:
+            query += " and session_id = ?"
+            params.append(session_id)
         with self._connect() as conn:
             if conn.execute(query, params).rowcount == 0:
-                raise NotFound(f"no pin {pin_id!r} in policy {policy!r}", code="unknown_pin")
+                scope = "" if tenant is None else " that this conversation may remove"
+                raise NotFound(f"no pin {pin_id!r}{scope} in policy {policy!r}", code="unknown_pin")
 
 
 def render(pins: list[Pin]) -> str:
-    """The pinned block: stable order, so it changes only when a pin or a file changes."""
+    """The pinned block: stable order, so it changes only when a pin or a file changes.
+
+    Curated pins (files, CLI, admin API) come first under their own label; pins typed into a chat with
+    /pin follow under labels that say so, project ones before this session's.
+    """
     if not pins:
         return ""
-    parts = ["[ctxproxy pinned knowledge: curated by the user; always applies]"]
-    for pin in pins:
-        parts.append(f"## {pin.name} ({pin.id})\n{pin.content.rstrip()}")
+    parts = []
+    for origin in (CURATED, CHAT_PROJECT, CHAT_SESSION):
+        group = [pin for pin in pins if pin.origin == origin]
+        if group:
+            parts.append(LABELS[origin])
+            parts += [f"## {pin.name} ({pin.id})\n{pin.content.rstrip()}" for pin in group]
     return "\n\n".join(parts)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from proxy.config import describe_validation_error, read_yaml_mapping
 from proxy.errors import BadRequest, ConfigError, NotFound
@@ -104,7 +104,21 @@ class AssemblyPolicy(_Section):
 
 
 class CommandsPolicy(_Section):
-    enabled: bool = True  # answer /recall in the last user message without calling the model
+    """Slash commands in the last user message, answered by the proxy without calling the model.
+
+    `enabled` turns on the read-only ones (/recall, /pins). The ones that change state (/pin,
+    /remember, /unpin) need `pins` too: off (default: they are not intercepted and reach the model as
+    ordinary text), session (a pin shows in the conversation it was made in) or project (in every
+    conversation of the project made with the same API key).
+    """
+
+    enabled: bool = True
+    pins: Literal["off", "session", "project"] = "off"
+
+    @field_validator("pins", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: object) -> object:
+        return "off" if value is False else value  # YAML 1.1 reads a bare `off` as false
 
 
 class Policy(_Section):

@@ -10,8 +10,6 @@ from typing import Any
 
 import orjson
 
-from proxy.errors import BadRequest
-
 SESSION_HEADER = "x-ctxproxy-session"
 # Headers that agents already send to name their conversation, in order of trust.
 AGENT_SESSION_HEADERS = (
@@ -32,12 +30,48 @@ class Session:
     source: str  # header | metadata | agent-header:<name> | user | fingerprint
 
 
+ANONYMOUS = "anonymous"  # what tenant_of says for a keyless client, before its session is known
+KEYLESS_PREFIX = "anon-"
+
+
 def tenant_of(headers: Mapping[str, str]) -> str:
-    """A stable, non-reversible tenant id from the client's API key ("anonymous" without one)."""
-    key = headers.get("authorization") or headers.get("api-key") or headers.get("x-api-key")
-    if not key:
-        return "anonymous"
-    return hashlib.sha256(key.removeprefix("Bearer ").strip().encode()).hexdigest()[:24]
+    """A stable, non-reversible tenant id from the client's API key ("anonymous" without one).
+
+    For a keyless client this is only the input of the fingerprint; its real tenant comes from
+    `identify`, once the session is known.
+    """
+    for name in ("authorization", "api-key", "x-api-key"):
+        key = (headers.get(name) or "").removeprefix("Bearer ").strip()
+        # An empty credential (`Authorization: Bearer $UNSET_VARIABLE`) is no key: keyless, not shared.
+        if key and key.lower() != "bearer":
+            return hashlib.sha256(key.encode()).hexdigest()[:24]
+    return ANONYMOUS
+
+
+def keyless_tenant(session_id: str) -> str:
+    """The tenant of a keyless client: one per session, so keyless clients never share data."""
+    return KEYLESS_PREFIX + hashlib.sha256(b"keyless\0" + session_id.encode()).hexdigest()[:24]
+
+
+def is_keyless(tenant: str) -> bool:
+    return tenant.startswith(KEYLESS_PREFIX)
+
+
+def identify(headers: Mapping[str, str], body: dict[str, Any]) -> tuple[str, Session]:
+    """(tenant, session) of a chat request. Everything the proxy stores is scoped by the tenant.
+
+    The rule: a client that sends an API key is the tenant of that key (a hash of it): its sessions
+    share stored tool results (`read_tool_result`), recall hits and runtime pins within a project.
+    A client without a key is a tenant of its own per session (`anon-` + a hash of the session id):
+    keyless clients never read each other's stored results or recall hits, and a keyless session
+    shares nothing with any other session. For keyless clients the session id is therefore the only
+    thing that tells them apart: two keyless clients that name the same session (the same
+    x-ctxproxy-session value, or the same conversation opening when fingerprinted) are one tenant.
+    Fingerprints stay distinct per keyed tenant (the key's tenant is hashed into them).
+    """
+    tenant = tenant_of(headers)
+    session = resolve_session(headers, body, tenant)
+    return (keyless_tenant(session.id) if tenant == ANONYMOUS else tenant), session
 
 
 def _clean(value: Any, source: str) -> str:
@@ -50,11 +84,9 @@ def _clean(value: Any, source: str) -> str:
 
 def resolve_session(headers: Mapping[str, str], body: dict[str, Any], tenant: str) -> Session:
     explicit = headers.get(SESSION_HEADER)
-    if explicit is not None:
-        if not SESSION_ID.match(explicit):
-            raise BadRequest(f"invalid {SESSION_HEADER} header: use 1-128 of A-Z a-z 0-9 _ . : @ -",
-                             code="invalid_session", param=SESSION_HEADER)
-        return Session(explicit, "header")
+    if explicit is not None and explicit.strip():
+        # Any value is accepted; one that is not a plain id is hashed like the other sources.
+        return Session(_clean(explicit, "header"), "header")
     metadata = body.get("metadata")
     if isinstance(metadata, dict) and metadata.get("session_id"):
         return Session(_clean(metadata["session_id"], "meta"), "metadata")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import TypeVar
 
 import httpx
@@ -13,11 +13,28 @@ from proxy.errors import UpstreamTimeout, UpstreamUnreachable
 
 T = TypeVar("T")
 
-# RFC 9110 hop-by-hop headers plus the ones httpx/uvicorn recompute for the new hop.
+# RFC 9110 hop-by-hop headers plus the ones httpx/uvicorn recompute for the new hop. Every header named
+# in a Connection header is hop-by-hop too (RFC 9110 section 7.6.1); see `connection_listed`.
 HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te",
     "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length",
 })
+# Client-side details the provider has no need of: cookies for the proxy's own origin and the client's
+# network address. Sent upstream only when named in upstream.forward_headers.
+PRIVATE_REQUEST_HEADERS = frozenset({
+    "cookie", "x-forwarded-for", "x-forwarded-host", "x-forwarded-proto", "x-forwarded-port",
+    "x-forwarded-prefix", "forwarded", "x-real-ip",
+})
+# Set by the server that answers the client (uvicorn adds its own), so never relayed from the upstream.
+SERVER_RESPONSE_HEADERS = frozenset({"date", "server"})
+
+
+def connection_listed(headers: Mapping[str, str]) -> set[str]:
+    """Lower-cased header names listed in the Connection header(s) of `headers`."""
+    getlist = getattr(headers, "getlist", None) or getattr(headers, "get_list", None)  # starlette, httpx
+    values = getlist("connection") if getlist else [v for k, v in headers.items()
+                                                    if k.lower() == "connection"]
+    return {name.strip().lower() for value in values for name in value.split(",") if name.strip()}
 
 
 class ClientDisconnected(Exception):
@@ -29,6 +46,7 @@ class Upstream:
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.base_url = config.base_url.rstrip("/")
         self.fallback_api_key = fallback_api_key
+        self.forward_headers = frozenset(name.lower() for name in config.forward_headers)
         self.client = httpx.AsyncClient(
             base_url=self.base_url,
             timeout=httpx.Timeout(config.timeout_s, connect=config.connect_timeout_s),
@@ -42,9 +60,16 @@ class Upstream:
         await self.client.aclose()
 
     def request_headers(self, client_headers: Mapping[str, str], *, identity: bool) -> dict[str, str]:
-        """Client headers minus hop-by-hop and our own; the client's key goes upstream unchanged."""
-        headers = {k: v for k, v in client_headers.items()
-                   if k not in HOP_BY_HOP and not k.startswith("x-ctxproxy-")}
+        """Client headers minus hop-by-hop (and those the Connection header names), our own, and the
+        private ones (cookies, forwarding addresses) unless upstream.forward_headers lets them through.
+        The client's key goes upstream unchanged."""
+        drop = HOP_BY_HOP | connection_listed(client_headers)
+        private = PRIVATE_REQUEST_HEADERS - self.forward_headers
+        headers: dict[str, str] = {}
+        for key, value in client_headers.items():
+            name = key.lower()
+            if name not in drop and name not in private and not name.startswith("x-ctxproxy-"):
+                headers[name] = value
         if self.fallback_api_key and "authorization" not in headers and "api-key" not in headers:
             headers["authorization"] = f"Bearer {self.fallback_api_key}"
         if identity:
@@ -77,9 +102,46 @@ class Upstream:
             await response.aclose()
 
 
+async def read_capped(response: httpx.Response, base_url: str,
+                      cap: int) -> tuple[bytes, AsyncIterator[bytes] | None]:
+    """Read an answer up to `cap` bytes. Returns (whole body, None), or (the first `cap` bytes, the rest)
+    when it is longer: the rest is then relayed as it comes, never held in memory, and closes the
+    response when done."""
+    parts, size = [], 0
+    chunks = response.aiter_raw()
+    try:
+        async for chunk in chunks:
+            if size + len(chunk) > cap:
+                keep = cap - size
+                parts.append(chunk[:keep])
+                return b"".join(parts), _rest(response, chunk[keep:], chunks)
+            parts.append(chunk)
+            size += len(chunk)
+    except httpx.TimeoutException:
+        await response.aclose()
+        raise UpstreamTimeout(f"upstream {base_url} timed out while sending its response") from None
+    except httpx.TransportError as exc:
+        await response.aclose()
+        raise UpstreamUnreachable(f"upstream {base_url} broke off its response: "
+                                  f"{type(exc).__name__}: {exc}") from None
+    await response.aclose()
+    return b"".join(parts), None
+
+
+async def _rest(response: httpx.Response, first: bytes, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    try:
+        yield first
+        async for chunk in chunks:
+            yield chunk
+    finally:
+        await response.aclose()
+
+
 def response_headers(upstream_headers: httpx.Headers, *, keep_length: bool) -> dict[str, str]:
-    """Upstream response headers safe to relay to the client."""
-    drop = HOP_BY_HOP if not keep_length else HOP_BY_HOP - {"content-length"}
+    """Upstream response headers safe to relay to the client: minus hop-by-hop (and those the upstream's
+    Connection header names) and minus Date and Server, which our server sets itself."""
+    drop = (HOP_BY_HOP if not keep_length else HOP_BY_HOP - {"content-length"}) | SERVER_RESPONSE_HEADERS
+    drop |= connection_listed(upstream_headers)
     return {k: v for k, v in upstream_headers.items() if k.lower() not in drop}
 
 

@@ -88,7 +88,8 @@ def test_refuse_writes_a_redacted_private_checkpoint(tmp_path):
     document = orjson.loads(path.read_bytes())
     assert document["call_id"] == checkpoint_id and document["max_input_tokens"] == 2000
     assert document["estimated_tokens"] >= 2000 and document["redacted"] is True
-    assert document["redaction_policy"] == ["tool.content", "assistant.tool_calls.function.arguments"]
+    assert document["redaction_policy"] == ["tool.content", "assistant.tool_calls.function.arguments",
+                                            "secrets:api_keys,tokens,passwords,private_keys"]
 
 
 def test_refusal_through_the_server(make_proxy, fake_upstream):

@@ -63,14 +63,15 @@ def test_runtime_pins_from_the_cli(make_proxy, fake_upstream, capsys):
 @pytest.mark.parametrize("command", ["/pin", "/remember"])
 def test_pin_slash_commands(make_proxy, fake_upstream, command):
     proxy = make_proxy()
-    client = proxy.client(api_key="key-A")
+    (proxy.policies_dir / "team.yaml").write_text("commands:\n  pins: project\n")  # off by default
+    client = proxy.client(api_key="key-A", base_url=f"{proxy.url}/p/team/v1")
     answer = client.chat.completions.create(
         model="gpt-4o", messages=[{"role": "user", "content": f"{command} Always run tests with -x."}])
     text = answer.choices[0].message.content
     assert text.startswith("Pinned as pin-") and fake_upstream.chat_requests == []
     client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "go"}])
     assert "Always run tests with -x." in fake_upstream.chat_requests[-1].json()["messages"][0]["content"]
-    proxy.client(api_key="key-B").chat.completions.create(
+    proxy.client(api_key="key-B", base_url=f"{proxy.url}/p/team/v1").chat.completions.create(
         model="gpt-4o", messages=[{"role": "user", "content": "go"}])
     assert "Always run" not in str(fake_upstream.chat_requests[-1].json()["messages"])  # tenant's own pin
     pin_id = text.split()[2]

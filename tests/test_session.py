@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import httpx
-import pytest
 
-from proxy.errors import BadRequest
-from proxy.session import fingerprint, resolve_session, tenant_of
+from proxy.session import fingerprint, identify, resolve_session, tenant_of
 
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
 
@@ -49,13 +47,33 @@ def test_tenant_is_a_hash_not_the_key():
     tenant = tenant_of({"authorization": "Bearer sk-secret"})
     assert "sk-secret" not in tenant and len(tenant) == 24
     assert tenant_of({}) == "anonymous"
+    # An empty credential (curl -H "Authorization: Bearer $UNSET") is no key, not one shared tenant.
+    for empty in ({"authorization": "Bearer"}, {"authorization": "Bearer "}, {"authorization": ""},
+                  {"api-key": " "}):
+        assert tenant_of(empty) == "anonymous"
+    assert tenant_of({"authorization": "Bearer "}) != tenant_of({"api-key": "k"}) == tenant_of(
+        {"authorization": "Bearer k"})
 
 
-def test_free_form_client_ids_are_hashed_and_bad_header_is_rejected():
+def test_free_form_client_ids_and_odd_session_headers_are_hashed():
     odd = resolve_session({}, body(SYSTEM, metadata={"session_id": "has spaces / slashes"}), "t")
     assert odd.id.startswith("meta-") and "/" not in odd.id
-    with pytest.raises(BadRequest):
-        resolve_session({"x-ctxproxy-session": "../../etc"}, body(SYSTEM), "t")
+    header = resolve_session({"x-ctxproxy-session": "../../etc"}, body(SYSTEM), "t")
+    assert header.source == "header" and header.id.startswith("header-") and "/" not in header.id
+    assert header == resolve_session({"x-ctxproxy-session": "../../etc"}, body(SYSTEM), "t")  # stable
+
+
+def test_keyless_clients_are_a_tenant_per_session():
+    first, first_session = identify({"x-ctxproxy-session": "s-1"}, body(SYSTEM))
+    second, _ = identify({"x-ctxproxy-session": "s-2"}, body(SYSTEM))
+    assert first.startswith("anon-") and second.startswith("anon-") and first != second
+    assert identify({"x-ctxproxy-session": "s-1"}, body(SYSTEM)) == (first, first_session)
+    keyed, _ = identify({"authorization": "Bearer k", "x-ctxproxy-session": "s-1"}, body(SYSTEM))
+    assert keyed == tenant_of({"authorization": "Bearer k"}) and keyed != first
+    # Without any id, the fingerprint decides: a different task, a different keyless tenant.
+    task_a = identify({}, body(SYSTEM, {"role": "user", "content": "task A"}))
+    task_b = identify({}, body(SYSTEM, {"role": "user", "content": "task B"}))
+    assert task_a[0] != task_b[0] and task_a[1].source == "fingerprint"
 
 
 def test_session_header_and_source_through_the_server(proxy, fake_upstream):
@@ -64,6 +82,6 @@ def test_session_header_and_source_through_the_server(proxy, fake_upstream):
     messages += [{"role": "assistant", "content": "echo: task A"}, {"role": "user", "content": "next"}]
     second = httpx.post(f"{proxy.url}/v1/chat/completions", json=body(*messages))
     assert first.headers["x-ctxproxy-session"] == second.headers["x-ctxproxy-session"]
-    bad = httpx.post(f"{proxy.url}/v1/chat/completions", json=body(*messages),
+    odd = httpx.post(f"{proxy.url}/v1/chat/completions", json=body(*messages),
                      headers={"x-ctxproxy-session": "bad id!"})
-    assert bad.status_code == 400 and bad.json()["error"]["param"] == "x-ctxproxy-session"
+    assert odd.status_code == 200 and odd.headers["x-ctxproxy-session"].startswith("header-")
