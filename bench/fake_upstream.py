@@ -8,6 +8,7 @@ stream ending in `data: [DONE]` when the body asks for `"stream": true`. Bodies 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import re
 import socket
 import sys
@@ -89,6 +90,10 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["method"] != "POST" or not path.endswith("/chat/completions"):
         await _send_simple(send, 404, NOT_FOUND, [(b"content-type", b"application/json")])
         return
+    mode = dict(scope["headers"]).get(b"x-fake-mode", b"")
+    if mode:
+        await _fault(mode, dict(scope["headers"]), send)
+        return
     if not _STREAM_TRUE.search(body):
         await _send_simple(send, 200, COMPLETION, JSON_HEADERS)
         return
@@ -96,6 +101,33 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     for event in SSE_EVENTS:  # one ASGI message (so one HTTP chunk) per SSE event
         await send({"type": "http.response.body", "body": event, "more_body": True})
     await send({"type": "http.response.body", "body": b""})
+
+
+async def _fault(mode: bytes, headers: dict[bytes, bytes], send: Any) -> None:
+    """Fault modes for bench/faults.py, chosen by the client's `x-fake-mode` header (relayed upstream).
+
+    cut: five stream events, then the connection drops (no terminating chunk); stall: five events,
+    then silence until the proxy's read timeout; huge: a valid JSON completion of `x-fake-size` bytes.
+    """
+    if mode == b"huge":
+        size = int(headers.get(b"x-fake-size", b"1000000"))
+        head = COMPLETION[:COMPLETION.index(b"Hello from")]
+        tail = COMPLETION[COMPLETION.index(b"Hello from") + len(b"Hello from the fake upstream."):]
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(head) + size + len(tail)).encode())]})
+        await send({"type": "http.response.body", "body": head, "more_body": True})
+        piece = b"x" * (1 << 20)
+        for start in range(0, size, len(piece)):
+            await send({"type": "http.response.body", "body": piece[:size - start], "more_body": True})
+        await send({"type": "http.response.body", "body": tail})
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+    for event in SSE_EVENTS[:5]:
+        await send({"type": "http.response.body", "body": event, "more_body": True})
+    if mode == b"stall":
+        await asyncio.sleep(3600)
+    raise ConnectionResetError("fake upstream: cut mid-stream")  # uvicorn drops the connection
 
 
 def main() -> int:

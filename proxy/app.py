@@ -4,26 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import httpx
 import orjson
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from proxy import commands, model_summary, pipeline, rounds
+from proxy import commands, model_summary, pipeline, rounds, validate
 from proxy.archive import ArchiveWriter, ExchangeRecord, request_params, utc_now
-from proxy.config import Config
-from proxy.errors import BadRequest, ContextLengthExceeded, CtxProxyError, PayloadTooLarge
+from proxy.config import Config, ServerConfig
+from proxy.errors import ContextLengthExceeded, CtxProxyError, PayloadTooLarge, RequestTimeout
 from proxy.internal_tools import ToolContext
 from proxy.metrics import Metrics
 from proxy.pins import PinStore
@@ -35,6 +35,7 @@ from proxy.routes import (
     admin_search,
     error_response,
     handle_client_disconnect,
+    handle_http_exception,
     handle_proxy_error,
     handle_unexpected,
     healthz,
@@ -42,12 +43,13 @@ from proxy.routes import (
     passthrough,
     select_policy,
 )
-from proxy.session import Session, resolve_session, tenant_of
-from proxy.state import StateStore
+from proxy.session import Session, identify
+from proxy.state import SessionState, StateStore
 from proxy.tokens import TokenCounter, model_window
 from proxy.upstream import ClientDisconnected, Upstream, response_headers, unless_disconnected
 
 log = logging.getLogger("ctxproxy")
+T = TypeVar("T")
 
 CHAT_ROUTE = "chat/completions"
 
@@ -78,36 +80,36 @@ async def chat_completions(request: Request) -> Response:
     started = time.perf_counter()
     state: ProxyState = request.app.state.proxy
     policy = select_policy(request, state.policies)
-    raw = await read_body(request, state.config.server.max_body_bytes)
-    body = parse_chat_request(raw)
-    tenant = tenant_of(request.headers)
-    session = resolve_session(request.headers, body, tenant)
+    raw = await read_body(request, state.config.server)
+    body = await off_loop_if_large(len(raw), parse_chat_request, raw)
+    tenant, session = identify(request.headers, body)  # keyless clients: a tenant per session
 
-    command = commands.parse(body) if policy.policy.commands.enabled else None
+    command = commands.parse(body, policy.policy.commands)
     if command is not None:
         return await answer_command(state, body, policy, session, tenant, command, started)
 
     conversation = pipeline.Conversation(str(body.get("model") or ""), body["messages"], body.get("tools"))
     context = pipeline.PipelineContext(policy, session, tenant, state.tokens, state.store,
                                        state.config.data_dir / "checkpoints",
-                                       pins=lambda: state.pins.list(policy.name, tenant))
-    pending = pipeline.needs_model_summaries(conversation, context)
-    if pending:
-        layer1 = policy.policy.tool_results
-        context.prepared = await model_summary.prepare(
-            state.upstream, state.upstream.request_headers(request.headers, identity=True),
-            str(layer1.summarizer_model), pending, layer1.summarizer_timeout_s)
+                                       pins=lambda: state.pins.list(policy.name, tenant, session.id))
+    if policy.policy.tool_results.summarizer_model:  # model summaries are fetched before the pipeline
+        pending = await anyio.to_thread.run_sync(pipeline.needs_model_summaries, conversation, context)
+        if pending:
+            layer1 = policy.policy.tool_results
+            context.prepared = await model_summary.prepare(
+                state.upstream, state.upstream.request_headers(request.headers, identity=True),
+                str(layer1.summarizer_model), pending, layer1.summarizer_timeout_s)
     try:
-        outcome = pipeline.run(conversation, context)
+        # Token counting, summaries and archive lookups are input-sized: never on the event loop.
+        outcome, content, session_state = await anyio.to_thread.run_sync(
+            rewrite, conversation, context, body, raw)
     except ContextLengthExceeded as refusal:
-        return refused(state, request, body, policy, session, tenant, refusal, started)
+        return await refused(state, request, body, policy, session, tenant, refusal, started)
     if outcome.evicted:  # model-written headlines and episodes never block a request
         model_summary.after_eviction(state.background, state.upstream,
                                      state.upstream.request_headers(request.headers, identity=True),
-                                     policy.policy, outcome.evicted, context.store.get(tenant, session.id),
-                                     state.store)
+                                     policy.policy, outcome.evicted, session_state, state.store)
     state.metrics.observe_blocks(policy.name, outcome.blocks)
-    content = raw if not outcome.changed else rewritten_body(body, outcome)
     state.metrics.gate.labels(policy.name, outcome.gate).inc()
     ours = ctxproxy_headers(session, policy, outcome)
     headers = state.upstream.request_headers(request.headers, identity=True)
@@ -115,8 +117,8 @@ async def chat_completions(request: Request) -> Response:
     stream = body.get("stream") is True
     rc = rounds_context(state, request, body, conversation, outcome, context, headers, content)
 
-    def done() -> None:
-        finish(state, rc.records, started, policy.name)
+    async def done() -> None:  # the end of a stream (relay.archived awaits it however the stream ends)
+        await finish(state, rc.records, started, policy.name)
 
     try:
         if stream:
@@ -132,12 +134,12 @@ async def chat_completions(request: Request) -> Response:
         failed.status = exc.status if isinstance(exc, CtxProxyError) else 499
         failed.error = exc.message if isinstance(exc, CtxProxyError) else "client disconnected"
         rc.records[-1:] = [failed]
-        done()
+        await finish(state, rc.records, started, policy.name)
         return Response(status_code=499) if isinstance(exc, ClientDisconnected) else error_response(exc, ours)
 
     relayed = response_headers(response.headers, keep_length=False) | ours
     if not stream:
-        done()
+        await finish(state, rc.records, started, policy.name)
         return Response(payload, status_code=response.status_code, headers=relayed)
     state.metrics.added_seconds.labels(CHAT_ROUTE).observe(time.perf_counter() - started)
     if outcome.internal_tools and response.status_code == 200:
@@ -150,41 +152,45 @@ async def chat_completions(request: Request) -> Response:
                              headers=relayed)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, server: ServerConfig) -> bytes:
+    limit = server.max_body_bytes
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {limit} bytes "
                               "(server.max_body_bytes)")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes (server.max_body_bytes)")
-        chunks.append(chunk)
+    try:
+        with anyio.fail_after(server.body_timeout_s):  # a body shorter than its Content-Length
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes "
+                                          "(server.max_body_bytes)")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestTimeout(f"the request body did not arrive within {server.body_timeout_s:g} s "
+                             f"({size} bytes received; server.body_timeout_s)") from None
     return b"".join(chunks)
 
 
+LARGE_INPUT = 256 * 1024  # bytes; below this, parsing inline costs less than a thread hop
+
+
+async def off_loop_if_large(size: int, work: Callable[..., T], *args: Any) -> T:
+    return await anyio.to_thread.run_sync(work, *args) if size > LARGE_INPUT else work(*args)
+
+
+def rewrite(conversation: pipeline.Conversation, context: pipeline.PipelineContext, body: dict[str, Any],
+            raw: bytes) -> tuple[pipeline.Outcome, bytes, SessionState]:
+    """The pipeline and the bytes to forward (worker thread). Unchanged requests go out byte for byte."""
+    outcome = pipeline.run(conversation, context)
+    content = raw if not outcome.changed else rewritten_body(body, outcome)
+    return outcome, content, context.store.get(context.tenant, context.session.id)
+
+
 def parse_chat_request(raw: bytes) -> dict[str, Any]:
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        try:  # orjson refuses integers beyond 64 bits; the stdlib does not
-            body = json.loads(raw)
-        except ValueError as exc:
-            raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object", code="invalid_json")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("'messages' is required and must be a non-empty array", param="messages",
-                         code="missing_messages")
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise BadRequest(f"messages[{index}] must be an object with a string 'role'",
-                             param=f"messages[{index}]", code="invalid_message")
-    if "tools" in body and body["tools"] is not None and not isinstance(body["tools"], list):
-        raise BadRequest("'tools' must be an array", param="tools", code="invalid_tools")
-    return body
+    """The body, or an OpenAI-shaped 400 naming the field (see proxy/validate.py)."""
+    return validate.parse_chat_request(raw)
 
 
 def rewritten_body(body: dict[str, Any], outcome: pipeline.Outcome) -> bytes:
@@ -253,21 +259,21 @@ async def answer_command(state: ProxyState, body: dict[str, Any], policy: Loaded
                "x-ctxproxy-command": name}
     if record.stream:
         record.response_chunks = commands.completion_chunks(text, model)
-        finish(state, [record], started, policy.name)
+        await finish(state, [record], started, policy.name)
         return StreamingResponse(iter(record.response_chunks), headers=headers,
                                  media_type="text/event-stream")
     record.response_body = commands.completion(text, model)
-    finish(state, [record], started, policy.name)
+    await finish(state, [record], started, policy.name)
     return Response(record.response_body, headers=headers, media_type="application/json")
 
 
-def refused(state: ProxyState, request: Request, body: dict[str, Any], policy: LoadedPolicy,
+async def refused(state: ProxyState, request: Request, body: dict[str, Any], policy: LoadedPolicy,
             session: Session, tenant: str, refusal: ContextLengthExceeded, started: float) -> Response:
     """The gate refused: archive the attempt and answer like a provider would (400)."""
     record = exchange_record(body, policy, session, tenant, status=refusal.status, gate="refuse",
                              tokens_before=refusal.extra.get("estimated_tokens"), error=refusal.message)
     state.metrics.gate.labels(policy.name, "refuse").inc()
-    finish(state, [record], started, policy.name)
+    await finish(state, [record], started, policy.name)
     headers = {"x-ctxproxy-session": session.id, "x-ctxproxy-policy": policy.name,
                "x-ctxproxy-gate": "refuse",
                "x-ctxproxy-tokens-before": str(refusal.extra.get("estimated_tokens", "")),
@@ -287,8 +293,9 @@ def ctxproxy_headers(session: Session, policy: LoadedPolicy, outcome: pipeline.O
     }
 
 
-def finish(state: ProxyState, records: list[ExchangeRecord], started: float, policy: str) -> None:
-    """Account for the exchange(s) and hand them to the archive writer (never blocks)."""
+async def finish(state: ProxyState, records: list[ExchangeRecord], started: float, policy: str) -> None:
+    """Account for the exchange(s) and hand them to the archive. Returns once they are durable (in the
+    archive's spool), so an answered exchange survives a crash; a busy writer makes us wait."""
     elapsed = time.perf_counter() - started
     upstream_s = sum(r.upstream_ms for r in records) / 1000
     if records and not records[0].stream:
@@ -297,10 +304,10 @@ def finish(state: ProxyState, records: list[ExchangeRecord], started: float, pol
         record.latency_ms = elapsed * 1000
         state.metrics.upstream_seconds.labels(CHAT_ROUTE).observe(record.upstream_ms / 1000)
         state.metrics.requests.labels(CHAT_ROUTE, str(record.status), policy).inc()
-        state.archive.submit(record)
     if records and records[0].tokens_before is not None:
         state.metrics.tokens_before.labels(policy).inc(records[0].tokens_before)
         state.metrics.tokens_after.labels(policy).inc(records[-1].tokens_after or 0)
+    await anyio.to_thread.run_sync(state.archive.submit_many, records)
 
 
 def warm_up(tokens: TokenCounter, policies: PolicyStore) -> None:
@@ -330,7 +337,8 @@ def build_app(config: Config, *, transport: httpx.AsyncBaseTransport | None = No
             config=config, policies=policies,
             upstream=Upstream(config.upstream, config.upstream_api_key(), transport=transport),
             archive=archive, tokens=tokens, metrics=Metrics(),
-            store=StateStore(persist=archive.submit, lookup=reader), reader=reader,
+            store=StateStore(persist=archive.submit, lookup=reader, barrier=archive.flush,
+                             budget_bytes=config.server.state_cache_bytes), reader=reader,
             pins=PinStore(config.data_dir / "archive.db", tokens))
         try:
             yield
@@ -357,5 +365,6 @@ def build_app(config: Config, *, transport: httpx.AsyncBaseTransport | None = No
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={
         CtxProxyError: handle_proxy_error,
         ClientDisconnect: handle_client_disconnect,
+        HTTPException: handle_http_exception,  # Starlette's 404/405
         Exception: handle_unexpected,
     })

@@ -20,6 +20,8 @@ class ServerConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8787, ge=0, le=65535)
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
+    body_timeout_s: float = Field(60.0, gt=0)  # a client that stops sending its body gets a 408
+    state_cache_bytes: int = Field(64 * 1024 * 1024, gt=0)  # in-process session state; the archive has all
     log_level: str = "info"
 
 
@@ -28,8 +30,13 @@ class UpstreamConfig(_Strict):
     api_key_env: str | None = None
     timeout_s: float = Field(600.0, gt=0)
     connect_timeout_s: float = Field(10.0, gt=0)
+    # Answers are buffered (and archived) up to this size; beyond it they are relayed unbuffered
+    # and the archive keeps a marked prefix.
+    max_response_bytes: int = Field(32 * 1024 * 1024, gt=0)
     max_connections: int = Field(100, gt=0)
     max_keepalive_connections: int = Field(20, ge=0)
+    # Cookie, X-Forwarded-*, Forwarded and X-Real-IP are not sent upstream unless named here.
+    forward_headers: list[str] = []
 
 
 class AdminConfig(_Strict):

@@ -49,6 +49,12 @@ class NotFound(CtxProxyError):
     code = "not_found"
 
 
+class RequestTimeout(CtxProxyError):
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
 class PayloadTooLarge(CtxProxyError):
     status = 413
     type = "invalid_request_error"

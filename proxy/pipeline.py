@@ -19,7 +19,7 @@ from proxy.assembly import HEAD, TAIL, Assembly, Fragment, assemble, place
 from proxy.checkpoint import write_checkpoint
 from proxy.errors import ContextLengthExceeded
 from proxy.internal_tools import client_defines_internal_name, with_internal_tools
-from proxy.layers import window
+from proxy.layers import splices, window
 from proxy.layers.folded import add_episode, apply_distilled, distill, episode_from_messages
 from proxy.layers.folded import render as render_folded
 from proxy.layers.tool_results import Pending, pending_summaries, summarize_large
@@ -70,8 +70,16 @@ class PipelineContext:
 
 
 def run(conversation: Conversation, context: PipelineContext) -> Outcome:
-    policy, model, tokens = context.policy.policy, conversation.model, context.tokens
+    """Rewrite one request. Runs in a worker thread; one request of a session at a time."""
     state = context.store.get(context.tenant, context.session.id)
+    with state.lock:
+        return _run(conversation, context, state)
+
+
+def _run(conversation: Conversation, context: PipelineContext, state: SessionState) -> Outcome:
+    # First, the model's own turns whole again: internal calls the proxy answered beside client calls.
+    client, conversation = conversation, splices.restored(conversation, state)
+    policy, model, tokens = context.policy.policy, conversation.model, context.tokens
     before = tokens.request(conversation.messages, conversation.tools, model)
 
     def count(message: dict[str, Any]) -> int:
@@ -106,7 +114,7 @@ def run(conversation: Conversation, context: PipelineContext) -> Outcome:
     if result.gate == budget.REFUSE or (policy.budget.enabled and result.window and
                                         budget.padded(total, policy.budget.pad_pct) >= result.window):
         refuse(conversation, context, result)
-    return Outcome(result.messages, tools, changed=result.messages is not conversation.messages
+    return Outcome(result.messages, tools, changed=result.messages is not client.messages
                    or tools is not conversation.tools, tokens_before=before, tokens_after=total,
                    gate=result.gate, window=result.window, internal_tools=tools is not conversation.tools,
                    original=original, evicted=evicted, blocks=blocks)
@@ -210,8 +218,9 @@ def gate_round(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], 
     tokens = context.tokens
     state = context.store.get(context.tenant, context.session.id)
     total = tokens.request(forwarded, tools, model)
-    result = budget.check(original, forwarded, context.policy.policy, model, state, context.store,
-                          lambda m: tokens.message(m, model), total, protected)
+    with state.lock:
+        result = budget.check(original, forwarded, context.policy.policy, model, state, context.store,
+                              lambda m: tokens.message(m, model), total, protected)
     if result.gate == budget.REFUSE:
         refuse(Conversation(model, original, tools), context, result)
     return result

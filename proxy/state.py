@@ -18,9 +18,12 @@ import orjson
 from proxy.archive import TableRow, utc_now
 from proxy.layers.auto_summary import Headline
 from proxy.layers.folded import FoldedMemory
+from proxy.layers.splices import Splice
+from proxy.layers.splices import loads as load_splices
 from proxy.layers.working_memory import WorkingMemory
 
-SESSION_LIMIT = 5000
+CACHE_BYTES = 64 * 1024 * 1024  # the default byte budget of the in-process session cache
+_SESSION_OVERHEAD = 4096  # rough fixed cost of one cached session (dicts, memory blocks)
 
 
 @dataclass
@@ -59,6 +62,11 @@ class SessionState:
     memory_seen: int = 0  # messages of the client's history already fed to working memory
     memory_last: dict[str, Any] | None = None  # messages[memory_seen - 1], to notice an edited history
     folded: FoldedMemory = field(default_factory=FoldedMemory)
+    # Internal calls taken out of turns that also called client tools, put back in later histories.
+    splices: dict[tuple[Any, ...], Splice] = field(default_factory=dict)
+    # Requests of one session are rewritten one at a time (the pipeline runs in worker threads).
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    size: int = _SESSION_OVERHEAD  # approximate bytes held, for the store's byte budget
 
     @property
     def internal_tools_offered(self) -> bool:
@@ -92,19 +100,42 @@ class Lookup(Protocol):
     def session_memory(self, tenant: str, session_id: str, kind: str) -> dict[str, Any] | None: ...
 
 
+def _result_size(stored: StoredResult) -> int:
+    # str of mostly ASCII: ~1 byte a character, plus the handle/key entries
+    return len(stored.content) + len(stored.replacement) + 256
+
+
 def _from_row(row: dict[str, Any]) -> StoredResult:
     return StoredResult(row["handle"], row["call_id"], row["content"], row["tool_name"], row["replacement"],
                         row["kind"])
 
 
 class StateStore:
-    """Session states by (tenant, session), LRU-bounded; rebuilt from the archive after a restart."""
+    """Session states by (tenant, session): a cache with a byte budget over what the archive holds.
 
-    def __init__(self, persist: Persist | None = None, lookup: Lookup | None = None) -> None:
+    Everything a state holds is persisted through `persist`, so a state dropped from the cache is
+    rebuilt from the archive (`lookup`) when its session comes back; `barrier` waits until what was
+    persisted before is readable, so the rebuilt state is never older than the dropped one.
+    """
+
+    def __init__(self, persist: Persist | None = None, lookup: Lookup | None = None,
+                 budget_bytes: int = CACHE_BYTES, barrier: Callable[[], object] | None = None) -> None:
         self._persist = persist
         self._lookup = lookup
+        self._barrier = barrier
+        self.budget_bytes = budget_bytes
         self._sessions: OrderedDict[tuple[str, str], SessionState] = OrderedDict()
+        self._bytes = 0
+        self._dropped = False  # a state left the cache: rebuilding one must wait for the writer
         self._lock = threading.Lock()
+
+    @property
+    def cached_bytes(self) -> int:
+        return self._bytes
+
+    @property
+    def cached_sessions(self) -> int:
+        return len(self._sessions)
 
     def get(self, tenant: str, session_id: str) -> SessionState:
         key = (tenant, session_id)
@@ -113,11 +144,14 @@ class StateStore:
             if state is not None:
                 self._sessions.move_to_end(key)
                 return state
+        if self._dropped and self._barrier is not None:
+            self._barrier()
         state = SessionState(tenant, session_id)
         for row in self._lookup.tool_result_rows(tenant, session_id) if self._lookup else ():
             stored = _from_row(row)
             state.by_key[(stored.call_id, stored.content)] = stored
             state.by_handle[stored.handle] = stored
+            state.size += _result_size(stored)
         memory = self._lookup.session_memory(tenant, session_id, "working") if self._lookup else None
         if memory:
             saved = orjson.loads(memory["data"])
@@ -126,16 +160,49 @@ class StateStore:
         folded = self._lookup.session_memory(tenant, session_id, "folded") if self._lookup else None
         if folded:
             state.folded = FoldedMemory.from_json(folded["data"])
+        spliced = self._lookup.session_memory(tenant, session_id, "splices") if self._lookup else None
+        if spliced:
+            state.splices, state.size = load_splices(spliced["data"]), state.size + len(spliced["data"])
         window = self._lookup.session_window(tenant, session_id) if self._lookup else None
         if window:
             state.window = WindowState(
                 cut=window["cut"], last_evicted=orjson.loads(window["last_evicted"]),
                 headlines=[Headline(**h) for h in orjson.loads(window["headlines"])], block=window["block"])
+        if state.window.block:
+            state.size += len(state.window.block) * 2
         with self._lock:
+            existing = self._sessions.get(key)
+            if existing is not None:  # another thread built it meanwhile: one state per session
+                return existing
             self._sessions[key] = state
-            while len(self._sessions) > SESSION_LIMIT:
-                self._sessions.popitem(last=False)
+            self._bytes += state.size
+            self._shrink()
         return state
+
+    def grow(self, state: SessionState, added: int) -> None:
+        """Account for bytes a state took on (results, window blocks) and keep within the budget."""
+        state.size += added
+        with self._lock:
+            if self._sessions.get((state.tenant, state.session_id)) is state:
+                self._bytes += added
+                self._shrink()
+
+    def _shrink(self) -> None:
+        """Drop least recently used states over the budget, but never one a request is rewriting."""
+        if self._bytes <= self.budget_bytes:
+            return
+        for key in list(self._sessions):
+            if self._bytes <= self.budget_bytes or len(self._sessions) <= 1:
+                return
+            state = self._sessions[key]
+            if not state.lock.acquire(blocking=False):
+                continue
+            try:
+                del self._sessions[key]
+                self._bytes -= state.size
+                self._dropped = True
+            finally:
+                state.lock.release()
 
     def persist(self, row: TableRow) -> None:
         if self._persist:
@@ -149,6 +216,7 @@ class StateStore:
             stored = StoredResult(state.new_handle(call_id), call_id, content, tool_name, replacement, kind)
             state.by_key[(call_id, content)] = stored
             state.by_handle[stored.handle] = stored
+            self.grow(state, _result_size(stored))
         else:
             stored.replacement, stored.kind = replacement, kind
         self.persist(TableRow("tool_results", {
@@ -160,6 +228,7 @@ class StateStore:
 
     def save_window(self, state: SessionState) -> None:
         window = state.window
+        self.grow(state, len(window.block or "") + 256)  # one batch's block and headlines (approximate)
         self.persist(TableRow("session_windows", {
             "tenant": state.tenant, "session_id": state.session_id, "cut": window.cut,
             "last_evicted": orjson.dumps(window.last_evicted).decode(),

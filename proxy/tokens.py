@@ -25,6 +25,8 @@ REPLY_PRIMING = 3
 IMAGE_TOKENS = 765
 
 _CACHE_LIMIT = 200_000
+# Keys hold the counted text itself: bound the memo by the characters it keeps alive, not only entries.
+_CACHE_CHARS = 64 * 1024 * 1024
 
 
 def _litellm_resource_dir() -> Path:
@@ -77,7 +79,16 @@ class TokenCounter:
 
     def __init__(self) -> None:
         self._memo: dict[tuple[str, Any], int] = {}
+        self._chars = 0
         self._lock = threading.Lock()
+
+    def _remember(self, key: tuple[str, Any], size: int, count: int) -> None:
+        with self._lock:
+            if len(self._memo) >= _CACHE_LIMIT or self._chars + size > _CACHE_CHARS:
+                self._memo.clear()
+                self._chars = 0
+            self._memo[key] = count
+            self._chars += size
 
     def warm(self, models: Iterable[str] = ("gpt-4o", "gpt-4")) -> None:
         for model in models:
@@ -90,7 +101,8 @@ class TokenCounter:
         key = (family, ("text", text))  # blocks are re-counted every request: memoise the big ones
         found = self._memo.get(key)
         if found is None:
-            found = self._memo[key] = _encoder(family)(text)
+            found = _encoder(family)(text)
+            self._remember(key, len(text), found)
         return found
 
     def message(self, message: dict[str, Any], model: str) -> int:
@@ -100,10 +112,7 @@ class TokenCounter:
         if found is not None:
             return found
         count = _count_message(message, _encoder(family))
-        with self._lock:
-            if len(self._memo) >= _CACHE_LIMIT:
-                self._memo.clear()
-            self._memo[key] = count
+        self._remember(key, _key_size(key[1]), count)
         return count
 
     def messages(self, messages: list[dict[str, Any]], model: str) -> int:
@@ -117,7 +126,7 @@ class TokenCounter:
         found = self._memo.get(key)
         if found is None:
             found = self.text(serialized, model)
-            self._memo[key] = found
+            self._remember(key, len(serialized), found)
         return found
 
     def request(self, messages: list[dict[str, Any]], tools: list[Any] | None, model: str) -> int:
@@ -133,6 +142,10 @@ def _message_key(message: dict[str, Any]) -> Any:
     name, call_id = message.get("name"), message.get("tool_call_id")
     return (str(message.get("role")), content, None if name is None else str(name),
             None if call_id is None else str(call_id), orjson.dumps(calls) if calls else None)
+
+
+def _key_size(key: tuple[Any, ...]) -> int:
+    return 64 + sum(len(part) for part in key if isinstance(part, str | bytes))
 
 
 def _count_message(message: dict[str, Any], count: Callable[[str], int]) -> int:

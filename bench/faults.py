@@ -1,0 +1,265 @@
+"""Faults, hostile input and load against a real ctxproxy process (issue 8's figures).
+
+Run: `.venv/bin/python bench/faults.py [--quick]`. Everything runs on loopback: a fake upstream with
+fault modes (bench/fake_upstream.py) and ctxproxy as subprocesses, so RSS is the proxy's own.
+Prints: 5xx over fuzz cases, acknowledged-but-unarchived after kill -9, silent truncations, probe p99
+while a 20 MB request and a recall over a 20 MB document run, recall p95, RSS around a 100 MB answer,
+RSS after many long sessions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sqlite3
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import orjson
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.strategies_requests import mutated_requests
+
+from bench.services import BIN, Service, _spawn, free_port, start_fake, wait_ready
+
+SMALL_POLICY = {"tool_results": {"threshold_tokens": 200}}
+TOOLS = [{"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}]
+
+
+def start_proxy(workdir: Path, upstream: str, name: str, timeout_s: float = 30.0) -> Service:
+    policies = workdir / "policies"
+    policies.mkdir(exist_ok=True)
+    (policies / "small.yaml").write_text(yaml.safe_dump(SMALL_POLICY))
+    config = workdir / f"{name}.yaml"
+    config.write_text(yaml.safe_dump({
+        "server": {"log_level": "warning"}, "data_dir": str(workdir / f"{name}-data"),
+        "upstream": {"base_url": f"{upstream}/v1", "timeout_s": timeout_s}, "policies_dir": str(policies)}))
+    port = free_port()
+    exe = BIN / "ctxproxy"
+    argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "proxy"]
+    proc, log = _spawn(name, [*argv, "serve", "--config", str(config), "--port", str(port)], workdir)
+    service = Service(name, proc, f"http://127.0.0.1:{port}", log,
+                      extra={"archive": str(workdir / f"{name}-data" / "archive.db"), "config": str(config)})
+    wait_ready(service, "/healthz", 60)
+    return service
+
+
+def rss_mb(pid: int) -> tuple[float, float]:
+    """(current RSS, peak RSS) of a process in MB, from /proc."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                  if ":" in line)
+    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def big_log(megabytes: int) -> str:
+    line = "2026-11-22 12:00:00 INFO worker processed item {} path=src/app/mod.py status=ok\n"
+    count = megabytes * 1024 * 1024 // len(line)
+    return "".join(line.format(i) for i in range(count))
+
+
+# ---------------------------------------------------------------------------------------- figures
+
+def fuzz(proxy: Service, cases: int) -> dict[str, int]:
+    statuses: dict[str, int] = {}
+    with httpx.Client(base_url=proxy.base, timeout=60) as client:
+        for n, body in enumerate(mutated_requests(seed=8, n=cases)):
+            path = "/p/small/v1/chat/completions" if n % 2 else "/v1/chat/completions"
+            response = client.post(path, content=body, headers={"content-type": "application/json",
+                                                                "authorization": f"Bearer sk-fuzz-{n % 5}"})
+            key = f"{response.status_code // 100}xx"
+            statuses[key] = statuses.get(key, 0) + 1
+    return statuses
+
+
+def silent_truncations(proxy: Service, per_case: int) -> tuple[int, int]:
+    """Streams cut or stalled upstream, plain and internal-tools path: how many ended without an error."""
+    silent = total = 0
+    internal_history = [
+        {"role": "user", "content": "run it"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "run", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": big_log(1)[:40_000]},
+        {"role": "user", "content": "and now?"}]
+    for mode in ("cut", "stall"):
+        for path, messages in (("v1", [{"role": "user", "content": "hi"}]), ("p/small/v1", internal_history)):
+            client = openai.OpenAI(base_url=f"{proxy.base}/{path}", api_key="sk-trunc", max_retries=0,
+                                   timeout=60, default_headers={"x-fake-mode": mode})
+            for _ in range(per_case):
+                total += 1
+                try:
+                    stream = client.chat.completions.create(model="gpt-4o", messages=messages, tools=TOOLS,
+                                                            stream=True)
+                    for _chunk in stream:
+                        pass
+                    silent += 1  # the SDK saw a clean end of a cut answer
+                except openai.APIError:
+                    pass
+    return silent, total
+
+
+def probes_during(proxy: Service, work, label: str) -> dict[str, float]:
+    """Run `work` in a thread; meanwhile probe /healthz and another tenant's new session, back to back."""
+    done = threading.Event()
+    health: list[float] = []
+    other: list[float] = []
+    started = time.perf_counter()
+
+    def run_work() -> None:
+        try:
+            work()
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=run_work)
+    worker.start()
+    with httpx.Client(base_url=proxy.base, timeout=120) as client:
+        n = 0
+        while not done.is_set():
+            t0 = time.perf_counter()
+            client.get("/healthz")
+            health.append((time.perf_counter() - t0) * 1000)
+            t0 = time.perf_counter()
+            client.post("/v1/chat/completions", headers={"authorization": f"Bearer sk-probe-{n}"},
+                        json={"model": "gpt-4o", "messages": [{"role": "user", "content": f"probe {n}"}]})
+            other.append((time.perf_counter() - t0) * 1000)
+            n += 1
+    worker.join()
+    return {"label": label, "work_s": time.perf_counter() - started, "healthz_p99": pct(health, 0.99),
+            "other_p99": pct(other, 0.99), "probes": len(health)}
+
+
+def big_request(proxy: Service, document: str, session: str) -> None:
+    body = {"model": "gpt-4o", "tools": TOOLS, "messages": [
+        {"role": "user", "content": "run it"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_big", "type": "function", "function": {"name": "run", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_big", "content": document},
+        {"role": "user", "content": "what happened?"}]}
+    response = httpx.post(f"{proxy.base}/v1/chat/completions", content=orjson.dumps(body), timeout=300,
+                          headers={"authorization": "Bearer sk-big", "x-ctxproxy-session": session,
+                                   "content-type": "application/json"})
+    assert response.status_code == 200, response.text[:300]
+
+
+def recall(proxy: Service, query: str, session: str) -> float:
+    t0 = time.perf_counter()
+    response = httpx.post(f"{proxy.base}/v1/chat/completions", timeout=120,
+                          headers={"authorization": "Bearer sk-big", "x-ctxproxy-session": session},
+                          json={"model": "gpt-4o",
+                                "messages": [{"role": "user", "content": f"/recall {query}"}]})
+    assert response.status_code == 200
+    return (time.perf_counter() - t0) * 1000
+
+
+def kill_nine(workdir: Path, upstream: str, requests: int) -> tuple[int, int]:
+    """Load from 4 threads, SIGKILL right after the last answer, restart: acknowledged but not archived."""
+    proxy = start_proxy(workdir, upstream, "killed")
+    acknowledged: list[str] = []
+    lock = threading.Lock()
+
+    def one(n: int) -> None:
+        session = f"kill-{n}"
+        response = httpx.post(f"{proxy.base}/v1/chat/completions", timeout=60, json={
+            "model": "gpt-4o", "stream": n % 2 == 0, "messages": [{"role": "user", "content": f"turn {n}"}]},
+            headers={"x-ctxproxy-session": session, "authorization": "Bearer sk-kill"})
+        if response.status_code == 200 and (n % 2 == 1 or b"[DONE]" in response.content):
+            with lock:
+                acknowledged.append(session)
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(one, range(requests)))
+    proxy.stop(signal.SIGKILL)
+    restarted = start_proxy(workdir, upstream, "killed")  # replays its spool at start-up
+    restarted.stop()
+    with sqlite3.connect(proxy.extra["archive"]) as db:
+        archived = {row[0] for row in db.execute("select session_id from exchanges")}
+    return sum(1 for s in acknowledged if s not in archived), len(acknowledged)
+
+
+def long_sessions(proxy: Service, sessions: int, turns: int) -> None:
+    def session(n: int) -> None:
+        messages: list[dict] = [{"role": "system", "content": "You are a coding agent."},
+                                {"role": "user", "content": f"task {n}: fix the failing test"}]
+        with httpx.Client(base_url=proxy.base, timeout=60) as client:
+            for turn in range(turns):
+                call = f"call_{n}_{turn}"
+                messages.append({"role": "assistant", "content": None, "tool_calls": [
+                    {"id": call, "type": "function",
+                     "function": {"name": "run", "arguments": '{"cmd":"ls"}'}}]})
+                messages.append({"role": "tool", "tool_call_id": call,
+                                 "content": f"output {turn}\n" + "src/module_file.py ok\n" * 60})
+                response = client.post("/v1/chat/completions", content=orjson.dumps(
+                    {"model": "gpt-4o", "tools": TOOLS, "messages": messages}),
+                    headers={"x-ctxproxy-session": f"long-{n}", "authorization": "Bearer sk-long",
+                             "content-type": "application/json"})
+                assert response.status_code == 200, response.text[:300]
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(session, range(sessions)))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="smaller counts, for a smoke run")
+    args = parser.parse_args()
+    q = args.quick
+    with tempfile.TemporaryDirectory(prefix="ctxproxy-faults-") as tmp:
+        workdir = Path(tmp)
+        fake = start_fake(workdir)
+        proxy = start_proxy(workdir, fake.base, "ctxproxy", timeout_s=2.0)
+        try:
+            start_rss, _ = rss_mb(proxy.proc.pid)
+            print(f"## ctxproxy faults ({'quick' if q else 'full'} run)\n")
+            statuses = fuzz(proxy, 300 if q else 2000)
+            print(f"fuzz: {sum(statuses.values())} cases, status classes {statuses}; "
+                  f"5xx = {statuses.get('5xx', 0)}")
+            silent, total = silent_truncations(proxy, 3 if q else 25)
+            print(f"silent truncations: {silent} of {total} cut/stalled streams")
+            document = big_log(20)
+            stall = probes_during(proxy, lambda: big_request(proxy, document, "big-1"), "20 MB request")
+            print(f"during a 20 MB request ({stall['work_s']:.1f} s, {stall['probes']} probes): /healthz p99 "
+                  f"{stall['healthz_p99']:.1f} ms, other tenant p99 {stall['other_p99']:.1f} ms")
+            rec = probes_during(proxy, lambda: recall(proxy, "worker processed item", "big-1"),
+                                "recall over 20 MB")
+            print(f"during a recall over the 20 MB document ({rec['work_s']:.2f} s, {rec['probes']} probes): "
+                  f"/healthz p99 {rec['healthz_p99']:.1f} ms, other tenant p99 {rec['other_p99']:.1f} ms")
+            words = ["worker", "status", "processed", "module", "item 12345", "path", "INFO", "mod.py"]
+            latencies = [recall(proxy, words[i % len(words)], "big-1") for i in range(40)]
+            print(f"recall (/recall end to end) with the 20 MB document archived: p50 "
+                  f"{statistics.median(latencies):.1f} ms, p95 {pct(latencies, 0.95):.1f} ms")
+            before, _ = rss_mb(proxy.proc.pid)
+            httpx.post(f"{proxy.base}/v1/chat/completions", timeout=300,
+                       headers={"x-fake-mode": "huge", "x-fake-size": str(100 * 1024 * 1024)},
+                       json={"model": "gpt-4o", "messages": [{"role": "user", "content": "huge"}]})
+            after, peak = rss_mb(proxy.proc.pid)
+            print(f"100 MB upstream answer: RSS before {before:.0f} MB, peak {peak:.0f} MB (process "
+                  f"high-water mark), settled {after:.0f} MB ({after - before:+.0f} MB)")
+            sessions, turns = (10, 40) if q else (100, 200)
+            base_rss, _ = rss_mb(proxy.proc.pid)
+            long_sessions(proxy, sessions, turns)
+            end_rss, _ = rss_mb(proxy.proc.pid)
+            print(f"{sessions} sessions x {turns} turns: RSS at start {start_rss:.0f} MB, before "
+                  f"{base_rss:.0f} MB, after {end_rss:.0f} MB ({end_rss - start_rss:+.0f} MB from the start)")
+        finally:
+            proxy.stop()
+        lost, acked = kill_nine(workdir, fake.base, 200 if q else 1000)
+        print(f"kill -9 under load: {lost} of {acked} acknowledged exchanges not archived after restart")
+        fake.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""The event loop never waits on input-sized or disk work: while one request is stuck in the pipeline
+(or a recall is stuck in the archive), /healthz and other tenants are still answered.
+
+The stuck work is held on a threading.Event inside the server process. Had it run on the event loop,
+the loop itself would be held and the probes below would time out instead of being answered.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import httpx
+import orjson
+import pytest
+
+from proxy import pipeline
+from proxy.reader import ArchiveReader
+
+TOOLS = [{"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}]
+
+
+def probe_while_held(proxy, release: threading.Event) -> None:
+    """/healthz and a new session of another tenant answer while the other request is held."""
+    with httpx.Client(base_url=proxy.url, timeout=10) as client:
+        assert client.get("/healthz").status_code == 200
+        other = client.post("/v1/chat/completions", headers={"authorization": "Bearer sk-other-tenant"},
+                            json={"model": "gpt-4o", "messages": [{"role": "user", "content": "ping"}]})
+        assert other.status_code == 200
+    release.set()
+
+
+def test_pipeline_runs_off_the_event_loop(proxy, fake_upstream, monkeypatch):
+    entered, release = threading.Event(), threading.Event()
+    real_run = pipeline.run
+
+    def held_run(conversation, context):
+        if context.tenant != "anonymous" and "big" in str(conversation.messages[-1].get("content"))[:10]:
+            entered.set()
+            assert release.wait(20), "the probes never came through"
+        return real_run(conversation, context)
+
+    monkeypatch.setattr(pipeline, "run", held_run)
+    # A 20 MB tool result: parsing, counting and summarizing it is input-sized work.
+    big = "\n".join(f"2026-11-22 12:00:{i % 60:02d} INFO worker-{i % 7} processed item {i}"
+                    for i in range(400_000))
+    body = {"model": "gpt-4o", "tools": TOOLS, "messages": [
+        {"role": "user", "content": "run it"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_big", "type": "function", "function": {"name": "run", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_big", "content": big},
+        {"role": "user", "content": "big: what failed?"}]}
+    result: dict = {}
+
+    def send() -> None:
+        with httpx.Client(timeout=120) as client:
+            result["response"] = client.post(f"{proxy.url}/v1/chat/completions", content=orjson.dumps(body),
+                                             headers={"authorization": "Bearer sk-big-tenant",
+                                                      "content-type": "application/json"})
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    assert entered.wait(60), "the big request never reached the pipeline"
+    probe_while_held(proxy, release)
+    sender.join(120)
+    response = result["response"]
+    assert response.status_code == 200
+    forwarded = fake_upstream.chat_requests[-1].json()
+    assert "call_id=call_big" in forwarded["messages"][2]["content"]  # it was summarized
+    assert len(fake_upstream.chat_requests[-1].body) < len(big) / 10
+
+
+def test_recall_runs_off_the_event_loop(make_proxy, fake_upstream, monkeypatch):
+    proxy = make_proxy()
+    entered, release = threading.Event(), threading.Event()
+    real_search = ArchiveReader.search
+
+    def held_search(self, query, **kwargs):
+        entered.set()
+        assert release.wait(20), "the probes never came through"
+        return real_search(self, query, **kwargs)
+
+    monkeypatch.setattr(ArchiveReader, "search", held_search)
+    result: dict = {}
+
+    def send() -> None:
+        with httpx.Client(timeout=60) as client:
+            result["response"] = client.post(
+                f"{proxy.url}/v1/chat/completions", headers={"authorization": "Bearer sk-recall-tenant"},
+                json={"model": "gpt-4o", "messages": [{"role": "user", "content": "/recall some words"}]})
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    assert entered.wait(30)
+    probe_while_held(proxy, release)
+    sender.join(60)
+    assert result["response"].status_code == 200
+
+
+@pytest.mark.parametrize("declared", [1000])
+def test_a_body_shorter_than_its_content_length_times_out_with_408(make_proxy, fake_upstream, declared):
+    proxy = make_proxy({"server": {"body_timeout_s": 0.3}})
+    port = int(proxy.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     + f"content-length: {declared}\r\n\r\n".encode() + b'{"model":')
+        reply = b""
+        while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+    head, _, payload = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408")
+    error = orjson.loads(payload)["error"]
+    assert error["code"] == "request_timeout" and "body_timeout_s" in error["message"]
+    assert not fake_upstream.chat_requests
