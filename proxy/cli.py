@@ -20,11 +20,16 @@ def _config(args: argparse.Namespace) -> Config:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from proxy.data_dir_lock import DataDirLock
+
+    config = _config(args)
+    # Another process on this data dir: one clean line now, not a traceback from the server's startup.
+    DataDirLock.check(config.data_dir)
+
     import uvicorn
 
     from proxy.app import build_app
 
-    config = _config(args)
     host = args.host or config.server.host
     port = args.port if args.port is not None else config.server.port
     logging.basicConfig(level=config.server.log_level.upper(),

@@ -21,7 +21,8 @@ from typing import Any
 import orjson
 from sqlite_utils import Database
 
-from proxy.archive import loads, project_token, safe_text, scope_token
+from proxy.archive_codec import loads, safe_text
+from proxy.archive_db import project_token, scope_token
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 SEARCH_TIMEOUT = 2.0  # seconds per search / recall

@@ -10,6 +10,7 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from proxy import archive_rows
 from proxy.archive import ArchiveWriter, ExchangeRecord, utc_now
 from proxy.reader import ArchiveReader
 from tests.servers import Step
@@ -127,3 +128,54 @@ def test_archive_reconstructs_every_request_exactly(tmp_path_factory, bodies):
         assert rebuilt == body
         assert list(rebuilt["messages"]) == body["messages"]
     reader.close()
+
+
+def _turn(session: str, turn: int, size: int) -> ExchangeRecord:
+    messages = []
+    for n in range(2 * turn + 1):
+        role = "user" if n % 2 == 0 else "assistant"
+        messages.append({"role": role, "content": f"{session} message {n} " + "lorem ipsum " * (size // 12)})
+    return ExchangeRecord(
+        id=f"{session}-{turn}", created_at=utc_now(), session_id=session, session_source="header", tenant="t",
+        policy="default", route="chat/completions", model="gpt-4o", stream=False, request_messages=messages,
+        params={}, forwarded_messages=messages[-3:] if int(session[1:]) % 2 else None, status=200,
+        response_body=b'{"choices":[{"message":{"role":"assistant","content":"ok"}}]}')
+
+
+def test_the_writers_chain_cache_stays_in_its_byte_budget_and_chains_stay_exact(tmp_path):
+    budget = 256 * 1024
+    writer = ArchiveWriter(tmp_path / "archive.db", chain_cache_bytes=budget)
+    records = []
+    for turn in range(4):  # sessions take turns, so evicted ones come back and are hashed in full again
+        for s in range(30):
+            records.append(_turn(f"s{s}", turn, 8192))
+            writer.submit(records[-1])
+        assert writer.flush(60)
+        assert 0 < writer.chains.size <= budget
+        assert 0 < len(writer.chains) < 45  # 30 request + 15 forwarded chains: some were evicted
+    assert ("t", "s29", "request") in writer.chains  # the most recent sessions stay cached
+    assert ("t", "s0", "request") not in writer.chains
+    writer.close()
+    reader = ArchiveReader(tmp_path / "archive.db")
+    for record in records:
+        row = next(reader.db.query("select * from exchanges where id = ?", [record.id]))
+        assert reader.chain(row["request_leaf"]) == record.request_messages
+        assert reader.chain(row["forwarded_leaf"]) == (record.forwarded_messages or record.request_messages)
+    # Evicted or not, each distinct message was stored once: 7 request messages and 4 answers.
+    assert next(reader.db.query("select count(*) as n from messages where session_id = 's4'"))["n"] == 11
+    reader.close()
+
+
+def test_cached_sessions_still_reuse_their_prefix(tmp_path, monkeypatch):
+    hashed: list[str] = []
+    original = archive_rows.message_id
+    monkeypatch.setattr(archive_rows, "message_id", lambda parent, body: hashed.append(parent) or
+                        original(parent, body))
+    writer = ArchiveWriter(tmp_path / "archive.db")
+    writer.submit(_turn("s0", 3, 1000))  # 7 messages and the answer
+    assert writer.flush(30)
+    assert len(hashed) == 8
+    writer.submit(_turn("s0", 4, 1000))  # the same 7, two new ones and the answer: only 3 hashed
+    assert writer.flush(30)
+    assert len(hashed) == 11
+    writer.close()

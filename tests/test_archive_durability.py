@@ -511,7 +511,11 @@ def test_a_second_server_on_the_same_data_dir_refuses_to_start(proxy, capsys):
         if second.poll() is None:
             second.kill()
     assert second.returncode != 0
-    assert f"another ctxproxy process is using {proxy.data_dir}" in stderr.decode()
+    # One clean line (the ConfigError's message), before the server starts: no traceback, no server log.
+    lines = stderr.decode().strip().splitlines()
+    assert len(lines) == 1, stderr.decode()
+    assert lines[0].startswith(f"ctxproxy: another ctxproxy process is using {proxy.data_dir}")
+    assert "Traceback" not in stderr.decode()
     # The running proxy is untouched, and the CLI's read commands work beside it.
     assert httpx.get(f"{proxy.url}/healthz").status_code == 200
     question = [{"role": "user", "content": "cli check"}]

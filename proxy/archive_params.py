@@ -1,0 +1,81 @@
+"""What the archive keeps of a request besides its messages: `request_params`, the body minus every field,
+at any depth, whose name says it could carry a credential (api_key, extra_headers.Authorization, ...)."""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+import orjson
+
+from proxy.archive_codec import loads
+
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+_SECRET_KEY = re.compile(
+    r"(?:^|_)(?:api_?key|apikey|x_api_key|authorization|auth|bearer|password|passwd|passphrase|"
+    r"secrets?|cookies?|token|credentials?|private_?key|signature)$")
+SECRET_FIELDS = frozenset({"api_key", "apikey", "authorization", "api-key", "x-api-key"})  # (compat)
+
+
+@functools.lru_cache(maxsize=8192)
+def _secret_name(key: str) -> bool:
+    normalized = _CAMEL.sub("_", key).lower().replace("-", "_").replace(".", "_").strip("_")
+    return bool(_SECRET_KEY.search(normalized))
+
+
+def is_secret_key(key: Any) -> bool:
+    """Does a field name look like it holds a credential (api_key, extra_headers.Authorization, ...)?
+
+    Plural counts such as max_tokens are not secrets; token, access_token and X-Api-Key are.
+    """
+    return isinstance(key, str) and _secret_name(key)
+
+
+_SCHEMA_NAMES = frozenset({"properties", "patternProperties", "$defs", "definitions"})
+
+
+def _without_secrets(value: Any, names: bool = False) -> Any:
+    """`value` minus secret-named fields at any depth; parts without any are shared, not copied. Under a
+    JSON schema's `properties` (tools, response_format) keys are parameter names, not credentials."""
+    if isinstance(value, dict):
+        cleaned, changed = {}, False
+        for k, v in value.items():
+            if not names and is_secret_key(k):
+                changed = True
+                continue
+            kept = _without_secrets(v, not names and k in _SCHEMA_NAMES) if isinstance(v, dict | list) else v
+            cleaned[k] = kept
+            changed = changed or kept is not v
+        return cleaned if changed else value
+    if isinstance(value, list):
+        items = [_without_secrets(v) if isinstance(v, dict | list) else v for v in value]
+        return items if any(a is not b for a, b in zip(items, value, strict=True)) else value
+    return value
+
+
+_CACHE_JSON_BYTES = 256 * 1024
+
+
+@functools.lru_cache(maxsize=128)
+def _holds_secrets(dumped: bytes) -> bool:
+    value = loads(dumped)
+    return _without_secrets(value) is not value
+
+
+def _clean(value: Any) -> Any:
+    # Agents resend the same tools every turn: the verdict for identical JSON is remembered.
+    try:
+        dumped = orjson.dumps(value)
+    except TypeError:
+        return _without_secrets(value)
+    if len(dumped) <= _CACHE_JSON_BYTES and not _holds_secrets(dumped):
+        return value
+    return _without_secrets(value)
+
+
+def request_params(body: dict[str, Any]) -> dict[str, Any]:
+    """Everything of a request but its messages, minus any field at any depth that could carry a
+    credential. A new dict; the body is never changed (nested parts without secrets are shared)."""
+    return {k: _clean(v) if isinstance(v, dict | list) else v
+            for k, v in body.items() if k != "messages" and not is_secret_key(k)}

@@ -1,0 +1,182 @@
+"""Archive items as rows, inside the writer's transaction: an exchange's message chains (content-addressed,
+each distinct message stored once), its `exchanges` row with the parsed answer, and side-table rows.
+
+Agents resend the whole history every turn, so the ids of the prefix a session sent last time are reused
+from `ChainCache`: an LRU by session bounded in bytes, so a hundred long sessions cannot make the writer
+hold hundreds of megabytes of old histories. A session that fell out of the cache is hashed in full
+again, which gives the same ids: eviction costs time, never correctness."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+from proxy.archive_codec import cell, dumps, safe_text
+from proxy.archive_db import insert_message, message_id
+from proxy.archive_parse import integer, parse_response, raw_response
+
+if TYPE_CHECKING:
+    from proxy.archive import ExchangeRecord, TableRow
+
+CHAIN_CACHE_BYTES = 32 * 1024 * 1024  # default byte budget of the writer's last-chain-per-session cache
+CHAIN_CACHE_SESSIONS = 2000  # and at most this many entries, however small
+ERROR_CHARS = 65536  # an error answer's text kept in exchanges.error
+_SEEN_LIMIT = 500_000
+
+ChainKey = tuple[str, str, str]  # tenant, session id, "request" | "forwarded"
+
+
+class ChainCache:
+    """Per (tenant, session, kind): the message list last stored and its ids, least recently used first.
+
+    Sizes are estimates given by the caller (the writer uses the serialized item's length); the sum stays
+    at most `budget_bytes`, and an entry larger than the whole budget is not kept at all."""
+
+    def __init__(self, budget_bytes: int = CHAIN_CACHE_BYTES,
+                 max_entries: int = CHAIN_CACHE_SESSIONS) -> None:
+        self.budget_bytes = budget_bytes
+        self.max_entries = max_entries
+        self.size = 0
+        self._entries: OrderedDict[ChainKey, tuple[list[Any], list[str], int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def get(self, key: ChainKey) -> tuple[list[Any], list[str]]:
+        entry = self._entries.get(key)
+        if entry is None:
+            return [], []
+        self._entries.move_to_end(key)
+        return entry[0], entry[1]
+
+    def put(self, key: ChainKey, messages: list[Any], ids: list[str], size: int) -> None:
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.size -= old[2]
+        size = max(int(size), 1)
+        if size > self.budget_bytes or self.max_entries <= 0:
+            return
+        self._entries[key] = (messages, ids, size)
+        self.size += size
+        while self.size > self.budget_bytes or len(self._entries) > self.max_entries:
+            _, (_, _, evicted) = self._entries.popitem(last=False)
+            self.size -= evicted
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.size = 0
+
+
+def quote(name: str) -> str:
+    return '"' + str(name).replace('"', '""') + '"'
+
+
+class RowWriter:
+    """Writes decoded items on `conn`, inside a transaction the caller opens and commits. After a
+    rollback the caller must call `forget` (ids remembered as written were rolled back too)."""
+
+    def __init__(self, conn: sqlite3.Connection, chain_budget_bytes: int = CHAIN_CACHE_BYTES) -> None:
+        self._conn = conn
+        self._seen: set[str] = set()
+        self.chains = ChainCache(chain_budget_bytes)
+        self.stale = False  # replaying set-aside records: never overwrite a row written since
+
+    def forget(self) -> None:
+        self._seen.clear()
+        self.chains.clear()
+
+    def table_row(self, item: TableRow) -> None:
+        row = {k: cell(v) for k, v in item.row.items()}
+        columns = ", ".join(quote(k) for k in row)
+        verb = "INSERT OR REPLACE" if item.replace and not self.stale else "INSERT OR IGNORE"
+        self._conn.execute(f"{verb} INTO {quote(item.table)} ({columns}) "
+                           f"VALUES ({', '.join('?' * len(row))})", list(row.values()))
+
+    def exchange(self, record: ExchangeRecord, size: int) -> None:
+        """The exchange's chains and row; `size` (its serialized length) sizes its chain-cache entries."""
+        request_leaf = self._store_chain(record.request_messages or [], record, size)
+        forwarded_leaf = request_leaf
+        if record.forwarded_messages is not None:
+            forwarded_leaf = self._store_chain(record.forwarded_messages, record, size, "forwarded")
+        row: dict[str, Any] = {
+            "id": record.id, "created_at": record.created_at, "session_id": record.session_id,
+            "session_source": record.session_source, "tenant": record.tenant, "policy": record.policy,
+            "route": record.route, "model": record.model, "stream": int(bool(record.stream)),
+            "status": record.status, "latency_ms": round(float(record.latency_ms or 0), 3),
+            "upstream_ms": round(float(record.upstream_ms or 0), 3), "tokens_before": record.tokens_before,
+            "tokens_after": record.tokens_after, "gate": record.gate, "request_leaf": request_leaf,
+            "forwarded_leaf": forwarded_leaf, "params": dumps(record.params).decode(), "error": record.error,
+        }
+        raw = raw_response(record)
+        if 200 <= (integer(record.status) or 0) < 300:
+            row.update(self._response_fields(record, request_leaf, raw))
+        elif raw:
+            if not record.error:
+                row["error"] = raw[:ERROR_CHARS].decode("utf-8", "replace")
+            if len(raw) > ERROR_CHARS:
+                row["response_raw"] = raw
+        row = {k: cell(v) for k, v in row.items()}
+        verb = "INSERT OR IGNORE" if self.stale else "INSERT OR REPLACE"
+        self._conn.execute(f"{verb} INTO exchanges ({', '.join(quote(k) for k in row)}) "
+                           f"VALUES ({', '.join('?' * len(row))})", list(row.values()))
+
+    def _store_chain(self, messages: list[Any], record: ExchangeRecord, size: int,
+                     kind: str = "request") -> str:
+        # Reuse the ids of the prefix this session sent last time (a dict comparison is far cheaper than
+        # serializing and hashing it again).
+        messages = messages if isinstance(messages, list) else [messages]
+        key = (record.tenant, record.session_id, kind)
+        previous, previous_ids = self.chains.get(key)
+        shared = 0
+        for old, new in zip(previous, messages, strict=False):
+            if old != new:
+                break
+            shared += 1
+        ids = previous_ids[:shared]
+        parent = ids[-1] if ids else f"tenant:{record.tenant}"
+        for message in messages[shared:]:
+            body = dumps(message)
+            node = message_id(parent, body)
+            if node not in self._seen:
+                self._insert(node, parent, message, body, record)
+                self._remember(node)
+            parent = node
+            ids.append(node)
+        self.chains.put(key, messages, ids, size)
+        return parent
+
+    def _insert(self, node: str, parent: str, message: Any, body: bytes, record: ExchangeRecord,
+                searchable: bool = True) -> None:
+        insert_message(self._conn, node, safe_text(parent), message, body, tenant=record.tenant,
+                       session_id=record.session_id, policy=record.policy, created_at=record.created_at,
+                       searchable=searchable)
+
+    def _remember(self, node: str) -> None:
+        if len(self._seen) >= _SEEN_LIMIT:
+            self._seen.clear()
+        self._seen.add(node)
+
+    def _response_fields(self, record: ExchangeRecord, request_leaf: str, raw: bytes) -> dict[str, Any]:
+        parsed = parse_response(record)
+        fields_: dict[str, Any] = {"response_id": parsed.response_id, "finish_reason": parsed.finish_reason}
+        if parsed.message is not None:
+            body = dumps(parsed.message)
+            node = message_id(request_leaf, body)
+            # The proxy's own answers (slash commands) would make recall find its earlier results.
+            self._insert(node, request_leaf, parsed.message, body, record,
+                         searchable=record.gate != "command")
+            fields_["response_message_id"] = node
+        usage = parsed.usage or {}
+        details = usage.get("prompt_tokens_details")
+        details = details if isinstance(details, dict) else {}
+        fields_.update(prompt_tokens=integer(usage.get("prompt_tokens")),
+                       completion_tokens=integer(usage.get("completion_tokens")),
+                       cached_tokens=integer(details.get("cached_tokens")))
+        if parsed.problems:
+            fields_["parse_error"] = "; ".join(parsed.problems)[:4000]
+            fields_["response_raw"] = raw
+        return fields_

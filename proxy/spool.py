@@ -1,0 +1,177 @@
+"""The archive's spool: append-only, checksummed files in `<data_dir>/spool/` that hold every submitted
+item from `submit` until it is committed, so nothing acknowledged is lost (kill -9 included): segments,
+records set aside because they could not be written (`rejected-*`), records that came after close
+(`late-*`), and the replay of whatever an earlier run left there."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import struct
+import time
+import zlib
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+log = logging.getLogger("ctxproxy.archive")
+
+SEGMENT_BYTES = 64 * 1024 * 1024  # a spool segment is closed (and deleted once committed) past this
+
+_FRAME = struct.Struct("<4sQI")  # magic, payload length, crc32
+_MAGIC = b"CXS1"
+
+
+class CorruptSpool(Exception):
+    pass
+
+
+def frame(payload: bytes) -> bytes:
+    return _FRAME.pack(_MAGIC, len(payload), zlib.crc32(payload))
+
+
+def read_frames(path: Path) -> Iterator[bytes]:
+    """The payloads of a spool file. A frame cut short at the end (a write the process died in, never
+    acknowledged) ends the file; anything else that does not check out raises CorruptSpool."""
+    with open(path, "rb") as f:
+        while True:
+            head = f.read(_FRAME.size)
+            if len(head) < _FRAME.size:
+                return
+            magic, length, crc = _FRAME.unpack(head)
+            if magic != _MAGIC:
+                raise CorruptSpool(f"{path}: bad frame at offset {f.tell() - _FRAME.size}")
+            payload = f.read(length)
+            if len(payload) < length:
+                return
+            if zlib.crc32(payload) != crc:
+                raise CorruptSpool(f"{path}: checksum mismatch at offset {f.tell() - length - _FRAME.size}")
+            yield payload
+
+
+def write_all(fd: int, parts: list[bytes]) -> None:
+    written, total = os.writev(fd, parts), sum(len(p) for p in parts)
+    if written < total:  # short write (rare on regular files): finish the rest
+        rest = b"".join(parts)[written:]
+        while rest:
+            rest = rest[os.write(fd, rest):]
+
+
+def open_append(path: Path) -> int:
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+
+
+def append_framed(path: Path, payload: bytes) -> None:
+    """One framed payload appended to its own spool file (a record submitted after close)."""
+    fd = open_append(path)
+    try:
+        write_all(fd, [frame(payload), payload])
+    finally:
+        os.close(fd)
+
+
+class Spool:
+    """Append-only segment files `<data_dir>/spool/NNNNNNNNNNNN.log` holding every submitted item until
+    it is committed: a segment is truncated (current) or deleted (older) once all its items are.
+    Not thread-safe: the writer calls it under its own lock."""
+
+    def __init__(self, folder: Path) -> None:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.folder = folder
+        self.leftovers = spool_files(folder)
+        numbers = [int(p.stem) for p in self.leftovers if p.stem.isdigit()]
+        self.segment = max(numbers, default=0) + 1
+        self.fd: int | None = open_append(self._path(self.segment))
+        self.size = 0
+        self.pending: Counter[int] = Counter({self.segment: 0})
+        self._set_aside: int | None = None  # rejected-*.log of this run, opened on first use
+
+    def _path(self, segment: int) -> Path:
+        return self.folder / f"{segment:012d}.log"
+
+    def append(self, payload: bytes) -> int:
+        if self.fd is None:
+            raise OSError("spool is closed")
+        if self.size >= SEGMENT_BYTES:
+            self._rotate()
+        write_all(self.fd, [frame(payload), payload])
+        self.size += _FRAME.size + len(payload)
+        self.pending[self.segment] += 1
+        return self.segment
+
+    def _rotate(self) -> None:
+        assert self.fd is not None
+        os.close(self.fd)
+        if self.pending[self.segment] == 0:
+            self._unlink(self.segment)
+        self.segment += 1
+        self.fd = open_append(self._path(self.segment))
+        self.size = 0
+        self.pending[self.segment] = 0
+
+    def set_aside(self, payload: bytes) -> None:
+        """Keep a record that could not be written in `rejected-*.log`, replayed first at the next start."""
+        if self._set_aside is None:
+            self._set_aside = open_append(self.folder / f"rejected-{time.time_ns()}.log")
+        write_all(self._set_aside, [frame(payload), payload])
+
+    def committed(self, segments: Iterable[int | None]) -> None:
+        for segment in segments:
+            if segment is not None:
+                self.pending[segment] -= 1
+        for segment in [s for s, n in self.pending.items() if n <= 0]:
+            if segment != self.segment:
+                self._unlink(segment)
+            elif self.size and self.fd is not None:
+                os.ftruncate(self.fd, 0)  # O_APPEND: the next item goes to offset 0
+                self.size = 0
+
+    def _unlink(self, segment: int) -> None:
+        self.pending.pop(segment, None)
+        with contextlib.suppress(FileNotFoundError):
+            self._path(segment).unlink()
+
+    def close(self) -> None:
+        if self._set_aside is not None:
+            os.close(self._set_aside)
+            self._set_aside = None
+        if self.fd is None:
+            return
+        os.close(self.fd)
+        self.fd = None
+        if all(n <= 0 for n in self.pending.values()):
+            self._unlink(self.segment)
+
+
+def spool_files(folder: Path) -> list[Path]:
+    """Leftover spool files in replay order: set-aside records first, then segments, then late ones."""
+    order = {"rejected": 0, "late": 2}
+    found = [p for p in folder.glob("*.log") if p.is_file()]
+    return sorted(found, key=lambda p: (order.get(p.stem.split("-")[0], 1), p.name))
+
+
+def replay_file(path: Path, commit: Callable[[list[bytes]], None], *, batch_items: int,
+                batch_bytes: int) -> int:
+    """Hand the payloads of a leftover spool file to `commit`, in batches of at most `batch_items` (or
+    about `batch_bytes`), then delete the file. A corrupt file is kept as `*.corrupt` once what could be
+    read before the damage is committed. Returns how many payloads were read."""
+    batch: list[bytes] = []
+    size = count = 0
+    try:
+        for payload in read_frames(path):
+            batch.append(payload)
+            size += len(payload)
+            count += 1
+            if len(batch) >= batch_items or size >= batch_bytes:
+                commit(batch)
+                batch, size = [], 0
+    except (CorruptSpool, OSError) as exc:
+        commit(batch)
+        kept = path.with_suffix(".corrupt")
+        log.error("archive: %s; the file is kept as %s", exc, kept)
+        path.rename(kept)
+        return count
+    commit(batch)
+    path.unlink()
+    return count
