@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -20,12 +20,13 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from proxy import commands, model_summary, pipeline, rounds, validate
+from proxy import commands, model_summary, pipeline, round_stream, rounds, validate
 from proxy.archive import ArchiveWriter, ExchangeRecord, request_params, utc_now
 from proxy.config import Config, ServerConfig
 from proxy.errors import ContextLengthExceeded, CtxProxyError, PayloadTooLarge, RequestTimeout
 from proxy.internal_tools import ToolContext
 from proxy.metrics import Metrics
+from proxy.offload import off_loop_if_large
 from proxy.pins import PinStore
 from proxy.policy import LoadedPolicy, PolicyStore
 from proxy.reader import ArchiveReader
@@ -143,7 +144,7 @@ async def chat_completions(request: Request) -> Response:
         return Response(payload, status_code=response.status_code, headers=relayed)
     state.metrics.added_seconds.labels(CHAT_ROUTE).observe(time.perf_counter() - started)
     if outcome.internal_tools and response.status_code == 200:
-        events = rounds.stream(rc, response)
+        events = round_stream.stream(rc, response)
     else:
         rc.records.append(rc.new_record(outcome.messages, None))
         rc.records[-1].status = response.status_code
@@ -171,13 +172,6 @@ async def read_body(request: Request, server: ServerConfig) -> bytes:
         raise RequestTimeout(f"the request body did not arrive within {server.body_timeout_s:g} s "
                              f"({size} bytes received; server.body_timeout_s)") from None
     return b"".join(chunks)
-
-
-LARGE_INPUT = 256 * 1024  # bytes; below this, parsing inline costs less than a thread hop
-
-
-async def off_loop_if_large(size: int, work: Callable[..., T], *args: Any) -> T:
-    return await anyio.to_thread.run_sync(work, *args) if size > LARGE_INPUT else work(*args)
 
 
 def rewrite(conversation: pipeline.Conversation, context: pipeline.PipelineContext, body: dict[str, Any],

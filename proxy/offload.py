@@ -1,0 +1,16 @@
+"""Input-sized work (parsing, serializing, counting) leaves the event loop, but only when it is large
+enough to matter: below the threshold a thread hop costs more than the work."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import anyio
+
+T = TypeVar("T")
+LARGE = 256 * 1024  # bytes
+
+
+async def off_loop_if_large(size: int, work: Callable[..., T], *args: Any) -> T:
+    return await anyio.to_thread.run_sync(work, *args) if size > LARGE else work(*args)
