@@ -30,7 +30,7 @@ from proxy.offload import off_loop_if_large
 from proxy.pins import PinStore
 from proxy.policy import LoadedPolicy, PolicyStore
 from proxy.reader import ArchiveReader
-from proxy.relay import archived, open_and_read, relay_stream
+from proxy.relay import archived, open_and_read, relay_rest, relay_stream
 from proxy.routes import (
     admin_pins,
     admin_search,
@@ -126,9 +126,9 @@ async def chat_completions(request: Request) -> Response:
             response = await unless_disconnected(
                 state.upstream.open("POST", "/" + CHAT_ROUTE, query, headers, content), request.receive)
         elif outcome.internal_tools:
-            response, payload = await unless_disconnected(rounds.complete(rc), request.receive)
+            response, payload, rest = await unless_disconnected(rounds.complete(rc), request.receive)
         else:
-            response, payload = await unless_disconnected(
+            response, payload, rest = await unless_disconnected(
                 open_and_read(state.upstream, headers, content, query, rc), request.receive)
     except (CtxProxyError, ClientDisconnected) as exc:
         failed = rc.records[-1] if rc.records else rc.new_record(outcome.messages, None)
@@ -139,6 +139,9 @@ async def chat_completions(request: Request) -> Response:
         return Response(status_code=499) if isinstance(exc, ClientDisconnected) else error_response(exc, ours)
 
     relayed = response_headers(response.headers, keep_length=False) | ours
+    if not stream and rest is not None:  # over upstream.max_response_bytes: relayed, never held whole
+        return StreamingResponse(relay_rest(payload, rest, rc.records[-1], done),
+                                 status_code=response.status_code, headers=relayed)
     if not stream:
         await finish(state, rc.records, started, policy.name)
         return Response(payload, status_code=response.status_code, headers=relayed)
@@ -148,7 +151,7 @@ async def chat_completions(request: Request) -> Response:
     else:
         rc.records.append(rc.new_record(outcome.messages, None))
         rc.records[-1].status = response.status_code
-        events = relay_stream(response, rc.records[-1])
+        events = relay_stream(response, rc.records[-1], state.upstream.max_response_bytes)
     return StreamingResponse(archived(events, rc.records, done), status_code=response.status_code,
                              headers=relayed)
 

@@ -107,6 +107,18 @@ class ExchangeRecord:
     response_body: bytes | None = None
     response_chunks: list[bytes] = field(default_factory=list)
     error: str | None = None
+    response_truncated: bool = False  # only the first upstream.max_response_bytes of the answer were kept
+    response_kept: int = 0  # bytes of a streamed answer kept so far
+
+    def keep_chunk(self, chunk: bytes, cap: int) -> None:
+        """Keep a streamed chunk for the archive, up to `cap` bytes in all; past that, mark the record."""
+        room = cap - self.response_kept
+        if len(chunk) > room:
+            self.response_truncated = True
+            chunk = chunk[:max(room, 0)]
+        if chunk:
+            self.response_chunks.append(chunk)
+            self.response_kept += len(chunk)
 
 
 @dataclass

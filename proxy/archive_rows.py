@@ -110,6 +110,7 @@ class RowWriter:
             "upstream_ms": round(float(record.upstream_ms or 0), 3), "tokens_before": record.tokens_before,
             "tokens_after": record.tokens_after, "gate": record.gate, "request_leaf": request_leaf,
             "forwarded_leaf": forwarded_leaf, "params": dumps(record.params).decode(), "error": record.error,
+            "response_truncated": int(bool(record.response_truncated)),
         }
         raw = raw_response(record)
         if 200 <= (integer(record.status) or 0) < 300:

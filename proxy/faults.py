@@ -8,8 +8,10 @@ instead of returning a truncated answer as if it were whole. The archive gets th
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import httpx
 import orjson
 
@@ -71,17 +73,45 @@ def elapsed_ms(response: httpx.Response, fallback_started: float) -> float:
         return (time.perf_counter() - fallback_started) * 1000
 
 
-async def read_answer(response: httpx.Response, base_url: str) -> bytes:
-    """A whole (non-streamed) answer; a break names its cause (type and message) and is a 502/504."""
+# A non-streamed answer: the response, its body (or first bytes), and the rest when it is over the cap.
+Answer = tuple[httpx.Response, bytes, AsyncIterator[bytes] | None]
+
+
+async def read_answer(response: httpx.Response, base_url: str,
+                      cap: int) -> tuple[bytes, AsyncIterator[bytes] | None]:
+    """A non-streamed answer, read up to `cap` bytes (upstream.max_response_bytes): (the whole body, None),
+    or (its first `cap` bytes, the rest) — the rest is to be relayed unbuffered and closes the response
+    when done. A break names its cause (type and message) and is a 502/504."""
+    parts, size = [], 0
+    chunks = response.aiter_raw()
     try:
-        return await response.aread()
-    except httpx.TimeoutException as exc:
-        raise UpstreamTimeout(f"upstream {base_url} timed out while sending its response: "
-                              f"{describe(exc)}") from None
-    except httpx.HTTPError as exc:
-        raise UpstreamBroken(f"upstream {base_url} broke off its response: {describe(exc)}") from None
+        async for chunk in chunks:
+            if size + len(chunk) > cap:
+                parts.append(chunk[:cap - size])
+                return b"".join(parts), _rest(response, chunk[cap - size:], chunks)
+            parts.append(chunk)
+            size += len(chunk)
+    except BaseException as exc:
+        with anyio.CancelScope(shield=True):
+            await response.aclose()
+        if isinstance(exc, httpx.TimeoutException):
+            raise UpstreamTimeout(f"upstream {base_url} timed out while sending its response: "
+                                  f"{describe(exc)}") from None
+        if isinstance(exc, httpx.HTTPError):
+            raise UpstreamBroken(f"upstream {base_url} broke off its response: {describe(exc)}") from None
+        raise
+    await response.aclose()
+    return b"".join(parts), None
+
+
+async def _rest(response: httpx.Response, first: bytes, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    try:
+        yield first
+        async for chunk in chunks:
+            yield chunk
     finally:
-        await response.aclose()
+        with anyio.CancelScope(shield=True):
+            await response.aclose()
 
 
 def is_event_stream(response: httpx.Response) -> bool:

@@ -11,15 +11,15 @@ migrations = Migrations("ctxproxy")
 def m001_messages_and_exchanges(db: Database) -> None:
     # Each distinct message once: id = hash(parent id + message bytes), so a conversation resent
     # every turn shares its whole prefix with the previous request.
-    db["messages"].create(
+    db.table("messages").create(
         {"id": str, "parent_id": str, "tenant": str, "session_id": str, "role": str, "text": str,
          "body": str,
          "created_at": str},
         pk="id",
     )
-    db["messages"].create_index(["parent_id"])
-    db["messages"].enable_fts(["text"], fts_version="FTS5", create_triggers=True, tokenize="porter")
-    db["exchanges"].create(
+    db.table("messages").create_index(["parent_id"])
+    db.table("messages").enable_fts(["text"], fts_version="FTS5", create_triggers=True, tokenize="porter")
+    db.table("exchanges").create(
         {
             "id": str, "created_at": str, "session_id": str, "session_source": str, "tenant": str,
             "policy": str, "route": str, "model": str, "stream": int, "status": int,
@@ -30,8 +30,8 @@ def m001_messages_and_exchanges(db: Database) -> None:
         },
         pk="id",
     )
-    db["exchanges"].create_index(["session_id", "created_at"])
-    db["exchanges"].create_index(["tenant", "created_at"])
+    db.table("exchanges").create_index(["session_id", "created_at"])
+    db.table("exchanges").create_index(["tenant", "created_at"])
 
 
 def apply(db: Database) -> None:
@@ -41,14 +41,14 @@ def apply(db: Database) -> None:
 @migrations()
 def m002_tool_results_and_tickets(db: Database) -> None:
     # Verbatim originals of replaced tool results, and the replacement each got (sticky across restarts).
-    db["tool_results"].create(
+    db.table("tool_results").create(
         {"tenant": str, "session_id": str, "handle": str, "call_id": str, "content_hash": str,
          "tool_name": str, "content": str, "replacement": str, "kind": str, "created_at": str},
         pk=("tenant", "session_id", "handle"),
     )
-    db["tool_results"].create_index(["tenant", "handle"])
+    db.table("tool_results").create_index(["tenant", "handle"])
     # A refusal leaves a decompose-required ticket pointing at its checkpoint.
-    db["tickets"].create(
+    db.table("tickets").create(
         {"id": str, "created_at": str, "tenant": str, "session_id": str, "kind": str, "severity": str,
          "checkpoint_id": str, "estimated_tokens": int, "max_input_tokens": int, "message": str},
         pk="id",
@@ -58,10 +58,10 @@ def m002_tool_results_and_tickets(db: Database) -> None:
 @migrations()
 def m003_policy_scope_and_windows(db: Database) -> None:
     # recall searches this session first, then the project: the policy a message was first sent under.
-    db["messages"].add_column("policy", str)
-    db["messages"].create_index(["tenant", "session_id"])
+    db.table("messages").add_column("policy", str)
+    db.table("messages").create_index(["tenant", "session_id"])
     # The sliding window's sticky cut and auto-summary per session, so a restart keeps them.
-    db["session_windows"].create(
+    db.table("session_windows").create(
         {"tenant": str, "session_id": str, "cut": int, "last_evicted": str, "headlines": str, "block": str,
          "updated_at": str},
         pk=("tenant", "session_id"),
@@ -72,32 +72,32 @@ def m003_policy_scope_and_windows(db: Database) -> None:
 def m004_fts_scope(db: Database) -> None:
     # Scope tokens (tenant, session, policy) inside the full-text index let FTS5 intersect a query with
     # one tenant's or session's documents before ranking, instead of ranking the whole archive.
-    db["messages"].add_column("scope", str)
-    db["messages"].disable_fts()
-    db["messages"].enable_fts(["text", "scope"], fts_version="FTS5", create_triggers=True,
+    db.table("messages").add_column("scope", str)
+    db.table("messages").disable_fts()
+    db.table("messages").enable_fts(["text", "scope"], fts_version="FTS5", create_triggers=True,
                               tokenize="porter", replace=True)
 
 
 @migrations()
 def m005_pins(db: Database) -> None:
     # Runtime pins per project (policy); tenant "*" means every API key of the project.
-    db["pins"].create({"id": str, "tenant": str, "policy": str, "name": str, "content": str, "tokens": int,
-                       "created_at": str}, pk="id")
-    db["pins"].create_index(["policy", "tenant"])
+    db.table("pins").create({"id": str, "tenant": str, "policy": str, "name": str, "content": str,
+                             "tokens": int, "created_at": str}, pk="id")
+    db.table("pins").create_index(["policy", "tenant"])
 
 
 @migrations()
 def m006_session_memory(db: Database) -> None:
     # Working memory (entities) and folded memory (episodes, semantic) per session, as versioned JSON.
-    db["session_memory"].create({"tenant": str, "session_id": str, "kind": str, "data": str,
+    db.table("session_memory").create({"tenant": str, "session_id": str, "kind": str, "data": str,
                                  "updated_at": str}, pk=("tenant", "session_id", "kind"))
 
 
 @migrations()
 def m008_pins_session(db: Database) -> None:
     # Pins made by /pin under `commands.pins: session` belong to one session; NULL: project-wide.
-    db["pins"].add_column("session_id", str)
-    db["pins"].create_index(["policy", "tenant", "session_id"])
+    db.table("pins").add_column("session_id", str)
+    db.table("pins").create_index(["policy", "tenant", "session_id"])
 
 
 @migrations()
@@ -110,18 +110,20 @@ def m007_chunked_search_and_raw_responses(db: Database) -> None:
     # exchanges.response_raw / parse_error keep an answer that could not be parsed, and why.
     from proxy.archive import chunk_text, loads, message_call_id
 
-    db["messages"].disable_fts()  # messages_fts and its triggers (which would fire on the updates below)
+    # messages_fts and its triggers (which would fire on the updates below)
+    db.table("messages").disable_fts()
     db.execute("CREATE VIRTUAL TABLE message_chunks_fts USING fts5("
                "message_id UNINDEXED, scope, text, tokenize='porter')")
-    db["messages"].add_column("call_id", str)
-    db["messages"].add_column("size", int)
+    db.table("messages").add_column("call_id", str)
+    db.table("messages").add_column("size", int)
     last = -1
     while True:
         rows = db.execute("SELECT rowid, id, scope, text, body FROM messages WHERE rowid > ? "
                           "ORDER BY rowid LIMIT 2000", [last]).fetchall()
         if not rows:
             break
-        chunks, updates = [], []
+        chunks: list[tuple[str, str, str]] = []
+        updates: list[tuple[int, str | None, int]] = []
         for rowid, node, scope, text, body in rows:
             last = rowid
             if text:
@@ -135,5 +137,11 @@ def m007_chunked_search_and_raw_responses(db: Database) -> None:
                             chunks)
         db.conn.executemany("UPDATE messages SET size = ?, call_id = ?, text = NULL, scope = NULL "
                             "WHERE rowid = ?", updates)
-    db["exchanges"].add_column("response_raw", bytes)
-    db["exchanges"].add_column("parse_error", str)
+    db.table("exchanges").add_column("response_raw", bytes)
+    db.table("exchanges").add_column("parse_error", str)
+
+
+@migrations()
+def m009_response_truncated(db: Database) -> None:
+    # An answer over upstream.max_response_bytes is relayed whole but archived as a prefix: say so.
+    db.table("exchanges").add_column("response_truncated", int)

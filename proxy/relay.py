@@ -22,33 +22,55 @@ ERROR_EVENT = b'data: {"error"'  # as faults.error_event writes it (and provider
 
 
 async def open_and_read(upstream: Upstream, headers: dict[str, str], content: bytes, query: bytes,
-                        rc: rounds.RoundsContext) -> tuple[httpx.Response, bytes]:
+                        rc: rounds.RoundsContext) -> faults.Answer:
+    """A non-streamed answer: (response, body, None), or, over upstream.max_response_bytes, (response,
+    its first bytes, the rest to relay unbuffered) with the record marked as holding a prefix."""
     record = rc.new_record(rc.forwarded, None)
     rc.records.append(record)
     upstream_started = time.perf_counter()
     try:
         response = await upstream.open("POST", CHAT_PATH, query, headers, content)
         record.status = response.status_code
-        record.response_body = await faults.read_answer(response, upstream.base_url)
+        body, rest = await faults.read_answer(response, upstream.base_url, upstream.max_response_bytes)
     finally:
         record.upstream_ms = (time.perf_counter() - upstream_started) * 1000
-    return response, record.response_body
+    record.response_body, record.response_truncated = body, rest is not None
+    return response, body, rest
 
 
-async def relay_stream(response: httpx.Response, record: ExchangeRecord) -> AsyncIterator[bytes]:
+async def relay_rest(first: bytes, rest: AsyncIterator[bytes], record: ExchangeRecord,
+                     on_done: Callable[[], Awaitable[None]]) -> AsyncIterator[bytes]:
+    """An answer over the size cap: its first bytes, then the rest as it comes (never held in memory).
+    A break mid-way aborts the response, so the client's HTTP library sees a cut body, not a clean end."""
+    started = time.perf_counter()
+    try:
+        yield first
+        async for chunk in rest:
+            yield chunk
+    except httpx.HTTPError as exc:
+        record.error = f"upstream broke off past upstream.max_response_bytes: {faults.describe(exc)}"
+        raise
+    finally:
+        record.upstream_ms += (time.perf_counter() - started) * 1000
+        with anyio.CancelScope(shield=True):
+            await on_done()
+
+
+async def relay_stream(response: httpx.Response, record: ExchangeRecord, cap: int) -> AsyncIterator[bytes]:
     """Relay upstream bytes as they arrive and keep a copy for the archive. Never ends silently.
 
     An event stream goes out event by event, byte for byte. If it breaks off (reset, closed mid-body,
     read timeout) or stops before a finish_reason or `[DONE]`, the client's stream ends with an
     OpenAI-shaped error event and no `[DONE]`, and the record names the cause. Anything else (an
-    error status, a JSON answer) is relayed chunk by chunk untouched.
+    error status, a JSON answer) is relayed chunk by chunk untouched. The archive keeps at most `cap`
+    bytes (upstream.max_response_bytes), marked when cut.
     """
     started = time.perf_counter()
     watch = faults.StreamWatch() if faults.is_event_stream(response) else None
     broke: httpx.HTTPError | None = None
     try:
         async for chunk in response.aiter_raw():
-            record.response_chunks.append(chunk)
+            record.keep_chunk(chunk, cap)  # the archive keeps a marked prefix of a huge answer
             out = watch.feed(chunk) if watch is not None else chunk
             if out:
                 yield out

@@ -22,6 +22,7 @@ from proxy.archive import ExchangeRecord
 from proxy.errors import CtxProxyError
 from proxy.rounds import Conversation, RoundsContext, add_usage, begin_round, new_round, split_calls
 from proxy.sse import DONE, EventSplitter, event_data
+from proxy.upstream import Upstream
 
 
 @dataclass
@@ -58,7 +59,8 @@ async def stream(rc: RoundsContext, first: httpx.Response) -> AsyncIterator[byte
     """
     conversation = Conversation(rc)
     response, response_id, usage = first, None, None
-    record: ExchangeRecord | None = new_round(rc, conversation)
+    record = new_round(rc, conversation)
+    between_rounds = False  # internal calls answered, the next round's record not made yet
     record.status = response.status_code
     started = time.perf_counter()
     try:
@@ -66,7 +68,8 @@ async def stream(rc: RoundsContext, first: httpx.Response) -> AsyncIterator[byte
             state = RoundState()
             broke: httpx.HTTPError | None = None
             try:
-                async for out in _relay_round(response, record, state, conversation.round, response_id):
+                async for out in _relay_round(response, record, state, conversation.round, response_id,
+                                              rc.upstream.max_response_bytes):
                     yield out
             except httpx.HTTPError as exc:
                 broke = exc
@@ -86,15 +89,16 @@ async def stream(rc: RoundsContext, first: httpx.Response) -> AsyncIterator[byte
             if internal and client_calls:
                 await conversation.splice("".join(state.content), calls)
             elif internal and conversation.round < rc.max_rounds:
-                record = None
+                between_rounds = True
                 await conversation.answer("".join(state.content), internal)
                 record, content = await begin_round(rc, conversation)
+                between_rounds = False
                 started = time.perf_counter()
                 try:
                     response = await open_stream(rc, content)
                     record.status = response.status_code
                     body = None if response.status_code == 200 else \
-                        await faults.read_answer(response, rc.upstream.base_url)
+                        await _error_body(response, rc.upstream)
                 finally:
                     record.upstream_ms = (time.perf_counter() - started) * 1000  # a 200: at its end
                 if body is not None:
@@ -109,7 +113,7 @@ async def stream(rc: RoundsContext, first: httpx.Response) -> AsyncIterator[byte
                 yield out
             return
     except CtxProxyError as exc:
-        if record is None:  # refused before the next round was sent
+        if between_rounds:  # refused before the next round was sent
             record = new_round(rc, conversation)
         record.status, record.error = exc.status, exc.message
         yield sse_bytes(exc.body())
@@ -142,10 +146,10 @@ def _round_end(state: RoundState, broke: httpx.HTTPError | None, record: Exchang
 
 
 async def _relay_round(response: httpx.Response, record: ExchangeRecord, state: RoundState, round_no: int,
-                       response_id: str | None) -> AsyncIterator[bytes]:
+                       response_id: str | None, cap: int) -> AsyncIterator[bytes]:
     splitter = EventSplitter()
     async for chunk in response.aiter_raw():
-        record.response_chunks.append(chunk)
+        record.keep_chunk(chunk, cap)
         for event in splitter.feed(chunk):
             out = _event(event, state, round_no, response_id)
             if out:
@@ -308,3 +312,11 @@ def _error_of(body: bytes, status: int) -> dict[str, Any]:
     text = error if isinstance(error, str) else body.decode("utf-8", "replace")[:2000]
     return {"message": f"upstream answered HTTP {status}: {text}", "type": "upstream_error",
             "code": "upstream_http_error", "param": None}
+
+
+async def _error_body(response: httpx.Response, upstream: Upstream) -> bytes:
+    """The body of a failed later round (capped: only its start is shown to the client and kept)."""
+    body, rest = await faults.read_answer(response, upstream.base_url, upstream.max_response_bytes)
+    if rest is not None:
+        await rest.aclose()  # type: ignore[attr-defined]  # an async generator
+    return body

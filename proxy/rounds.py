@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import httpx
 import orjson
 
 from proxy import faults
@@ -154,7 +153,7 @@ async def begin_round(rc: RoundsContext, conversation: Conversation) -> tuple[Ex
     return await anyio.to_thread.run_sync(lambda: (new_round(rc, conversation), conversation.content()))
 
 
-async def complete(rc: RoundsContext) -> tuple[httpx.Response, bytes]:
+async def complete(rc: RoundsContext) -> faults.Answer:
     """Non-streaming: loop until the model answers without internal calls (or rounds run out).
 
     An answer the proxy cannot read as a chat completion (or an error status) goes to the client as
@@ -169,19 +168,24 @@ async def complete(rc: RoundsContext) -> tuple[httpx.Response, bytes]:
         try:
             response = await rc.upstream.open("POST", rc.path, rc.query, rc.headers, content)
             record.status = response.status_code
-            payload = await faults.read_answer(response, rc.upstream.base_url)
+            payload, rest = await faults.read_answer(response, rc.upstream.base_url,
+                                                     rc.upstream.max_response_bytes)
         finally:
             record.upstream_ms = (time.perf_counter() - started) * 1000
         record.response_body = payload
+        if rest is not None:  # too big to read as a completion: relayed untouched, unbuffered
+            record.response_truncated = True
+            record.error = "upstream answer over upstream.max_response_bytes; relayed untouched"
+            return response, payload, rest
         if response.status_code != 200:
             if conversation.round:
                 record.error = f"upstream answered HTTP {response.status_code} to internal round " \
                                f"{conversation.round}; relayed"
-            return response, payload
+            return response, payload, None
         data, problem = await off_loop_if_large(len(payload), _completion, payload)
         if data is None:
             record.error = f"upstream answer is not a chat completion ({problem}); relayed untouched"
-            return response, payload
+            return response, payload, None
         choice = data["choices"][0]
         message = choice["message"]
         usage = add_usage(usage, data.get("usage"))
@@ -207,7 +211,7 @@ async def complete(rc: RoundsContext) -> tuple[httpx.Response, bytes]:
         if usage is not None:
             data["usage"] = usage
         payload = await off_loop_if_large(len(payload), orjson.dumps, data)
-    return response, payload
+    return response, payload, None
 
 
 def _completion(payload: bytes) -> tuple[dict[str, Any] | None, str]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import Awaitable, Mapping
 from typing import TypeVar
 
 import httpx
@@ -47,6 +47,7 @@ class Upstream:
         self.base_url = config.base_url.rstrip("/")
         self.fallback_api_key = fallback_api_key
         self.forward_headers = frozenset(name.lower() for name in config.forward_headers)
+        self.max_response_bytes = config.max_response_bytes
         self.client = httpx.AsyncClient(
             base_url=self.base_url,
             timeout=httpx.Timeout(config.timeout_s, connect=config.connect_timeout_s),
@@ -100,41 +101,6 @@ class Upstream:
             raise UpstreamUnreachable(f"upstream {base_url} broke off its response: {exc}") from None
         finally:
             await response.aclose()
-
-
-async def read_capped(response: httpx.Response, base_url: str,
-                      cap: int) -> tuple[bytes, AsyncIterator[bytes] | None]:
-    """Read an answer up to `cap` bytes. Returns (whole body, None), or (the first `cap` bytes, the rest)
-    when it is longer: the rest is then relayed as it comes, never held in memory, and closes the
-    response when done."""
-    parts, size = [], 0
-    chunks = response.aiter_raw()
-    try:
-        async for chunk in chunks:
-            if size + len(chunk) > cap:
-                keep = cap - size
-                parts.append(chunk[:keep])
-                return b"".join(parts), _rest(response, chunk[keep:], chunks)
-            parts.append(chunk)
-            size += len(chunk)
-    except httpx.TimeoutException:
-        await response.aclose()
-        raise UpstreamTimeout(f"upstream {base_url} timed out while sending its response") from None
-    except httpx.TransportError as exc:
-        await response.aclose()
-        raise UpstreamUnreachable(f"upstream {base_url} broke off its response: "
-                                  f"{type(exc).__name__}: {exc}") from None
-    await response.aclose()
-    return b"".join(parts), None
-
-
-async def _rest(response: httpx.Response, first: bytes, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    try:
-        yield first
-        async for chunk in chunks:
-            yield chunk
-    finally:
-        await response.aclose()
 
 
 def response_headers(upstream_headers: httpx.Headers, *, keep_length: bool) -> dict[str, str]:
