@@ -26,9 +26,8 @@ import orjson
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.strategies_requests import mutated_requests
-
 from bench.services import BIN, Service, _spawn, free_port, start_fake, wait_ready
+from tests.strategies_requests import mutated_requests
 
 SMALL_POLICY = {"tool_results": {"threshold_tokens": 200}}
 TOOLS = [{"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}]
@@ -211,53 +210,95 @@ def long_sessions(proxy: Service, sessions: int, turns: int) -> None:
         list(pool.map(session, range(sessions)))
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="smaller counts, for a smoke run")
-    args = parser.parse_args()
-    q = args.quick
-    with tempfile.TemporaryDirectory(prefix="ctxproxy-faults-") as tmp:
-        workdir = Path(tmp)
-        fake = start_fake(workdir)
-        proxy = start_proxy(workdir, fake.base, "ctxproxy", timeout_s=2.0)
-        try:
-            start_rss, _ = rss_mb(proxy.proc.pid)
-            print(f"## ctxproxy faults ({'quick' if q else 'full'} run)\n")
-            statuses = fuzz(proxy, 300 if q else 2000)
+SECTIONS = ("fuzz", "truncation", "stall", "recall", "huge", "sessions", "kill")
+
+
+def fresh(workdir: Path, fake: Service, name: str, **kwargs: float) -> Service:
+    """A new proxy process (own data dir), so each figure starts from a clean RSS and archive."""
+    return start_proxy(workdir, fake.base, name, **kwargs)
+
+
+def run_section(name: str, workdir: Path, fake: Service, quick: bool) -> None:
+    if name == "kill":
+        lost, acked = kill_nine(workdir, fake.base, 200 if quick else 1000)
+        print(f"kill -9 under load: {lost} of {acked} acknowledged exchanges not archived after restart")
+        return
+    proxy = fresh(workdir, fake, name, timeout_s=2.0)
+    try:
+        start_rss, _ = rss_mb(proxy.proc.pid)
+        if name == "fuzz":
+            statuses = fuzz(proxy, 300 if quick else 2000)
             print(f"fuzz: {sum(statuses.values())} cases, status classes {statuses}; "
                   f"5xx = {statuses.get('5xx', 0)}")
-            silent, total = silent_truncations(proxy, 3 if q else 25)
+        elif name == "truncation":
+            silent, total = silent_truncations(proxy, 3 if quick else 25)
             print(f"silent truncations: {silent} of {total} cut/stalled streams")
+        elif name == "stall":
             document = big_log(20)
             stall = probes_during(proxy, lambda: big_request(proxy, document, "big-1"), "20 MB request")
             print(f"during a 20 MB request ({stall['work_s']:.1f} s, {stall['probes']} probes): /healthz p99 "
                   f"{stall['healthz_p99']:.1f} ms, other tenant p99 {stall['other_p99']:.1f} ms")
-            rec = probes_during(proxy, lambda: recall(proxy, "worker processed item", "big-1"),
-                                "recall over 20 MB")
-            print(f"during a recall over the 20 MB document ({rec['work_s']:.2f} s, {rec['probes']} probes): "
-                  f"/healthz p99 {rec['healthz_p99']:.1f} ms, other tenant p99 {rec['other_p99']:.1f} ms")
+        elif name == "recall":
+            big_request(proxy, big_log(20), "big-1")
             words = ["worker", "status", "processed", "module", "item 12345", "path", "INFO", "mod.py"]
-            latencies = [recall(proxy, words[i % len(words)], "big-1") for i in range(40)]
+            rec = probes_during(proxy, lambda: [recall(proxy, w, "big-1") for w in words * 3],
+                                "recalls over 20 MB")
+            print(f"during 24 recalls over the 20 MB document ({rec['work_s']:.2f} s, "
+                  f"{rec['probes']} probes): /healthz p99 {rec['healthz_p99']:.1f} ms, "
+                  f"other tenant p99 {rec['other_p99']:.1f} ms")
+            latencies = [recall(proxy, words[i % len(words)], "big-1") for i in range(80)]
             print(f"recall (/recall end to end) with the 20 MB document archived: p50 "
                   f"{statistics.median(latencies):.1f} ms, p95 {pct(latencies, 0.95):.1f} ms")
-            before, _ = rss_mb(proxy.proc.pid)
+            direct = direct_recall(Path(proxy.extra["archive"]), words)
+            print(f"recall (ArchiveReader.recall in process, same archive): p50 "
+                  f"{statistics.median(direct):.1f} ms, p95 {pct(direct, 0.95):.1f} ms")
+        elif name == "huge":
             httpx.post(f"{proxy.base}/v1/chat/completions", timeout=300,
                        headers={"x-fake-mode": "huge", "x-fake-size": str(100 * 1024 * 1024)},
                        json={"model": "gpt-4o", "messages": [{"role": "user", "content": "huge"}]})
             after, peak = rss_mb(proxy.proc.pid)
-            print(f"100 MB upstream answer: RSS before {before:.0f} MB, peak {peak:.0f} MB (process "
-                  f"high-water mark), settled {after:.0f} MB ({after - before:+.0f} MB)")
-            sessions, turns = (10, 40) if q else (100, 200)
-            base_rss, _ = rss_mb(proxy.proc.pid)
+            print(f"100 MB upstream answer: RSS at start {start_rss:.0f} MB, peak {peak:.0f} MB (high-water "
+                  f"mark), settled {after:.0f} MB ({after - start_rss:+.0f} MB)")
+        elif name == "sessions":
+            sessions, turns = (10, 40) if quick else (100, 200)
             long_sessions(proxy, sessions, turns)
-            end_rss, _ = rss_mb(proxy.proc.pid)
-            print(f"{sessions} sessions x {turns} turns: RSS at start {start_rss:.0f} MB, before "
-                  f"{base_rss:.0f} MB, after {end_rss:.0f} MB ({end_rss - start_rss:+.0f} MB from the start)")
+            end_rss, peak = rss_mb(proxy.proc.pid)
+            print(f"{sessions} sessions x {turns} turns: RSS at start {start_rss:.0f} MB, after "
+                  f"{end_rss:.0f} MB ({end_rss - start_rss:+.0f} MB), peak {peak:.0f} MB")
+    finally:
+        proxy.stop()
+
+
+def direct_recall(archive: Path, words: list[str]) -> list[float]:
+    """The search alone, as bench/recall.py measures it (the proxy has stopped writing by now)."""
+    from proxy.reader import ArchiveReader
+    from proxy.session import tenant_of
+
+    reader = ArchiveReader(archive)
+    tenant = tenant_of({"authorization": "Bearer sk-big"})
+    latencies = []
+    for i in range(80):
+        t0 = time.perf_counter()
+        reader.recall(tenant, "big-1", "default", words[i % len(words)])
+        latencies.append((time.perf_counter() - t0) * 1000)
+    reader.close()
+    return latencies
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="smaller counts, for a smoke run")
+    parser.add_argument("--only", choices=SECTIONS, action="append", help="run only these sections")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="ctxproxy-faults-") as tmp:
+        workdir = Path(tmp)
+        fake = start_fake(workdir)
+        print(f"## ctxproxy faults ({'quick' if args.quick else 'full'} run)\n")
+        try:
+            for name in args.only or SECTIONS:
+                run_section(name, workdir, fake, args.quick)
         finally:
-            proxy.stop()
-        lost, acked = kill_nine(workdir, fake.base, 200 if q else 1000)
-        print(f"kill -9 under load: {lost} of {acked} acknowledged exchanges not archived after restart")
-        fake.stop()
+            fake.stop()
     return 0
 
 

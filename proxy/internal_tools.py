@@ -131,7 +131,8 @@ def read_tool_result(arguments: dict[str, Any], context: ToolContext) -> str:
     if total == 0:
         return stored.content
     start, end = min(start, total), min(max(end, start), total)
-    page, size = [], 0
+    page: list[str] = []
+    size = 0
     for number in range(start, end + 1):
         line = lines[number - 1]
         if page and size + len(line) > context.page_chars:

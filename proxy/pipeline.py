@@ -23,6 +23,7 @@ from proxy.layers import splices, window
 from proxy.layers.folded import add_episode, apply_distilled, distill, episode_from_messages
 from proxy.layers.folded import render as render_folded
 from proxy.layers.tool_results import Pending, pending_summaries, summarize_large
+from proxy.layers.window import Evicted
 from proxy.layers.working_memory import WorkingMemory, observe_messages
 from proxy.pins import Pin, file_pins
 from proxy.pins import render as render_pins
@@ -52,7 +53,7 @@ class Outcome:
     window: int = 0
     internal_tools: bool = False
     original: list[dict[str, Any]] | None = None  # the client's messages aligned with `messages`
-    evicted: list[window.Evicted] = field(default_factory=list)  # exchanges this request evicted
+    evicted: list[Evicted] = field(default_factory=list)  # exchanges this request evicted
     blocks: Assembly = field(default_factory=Assembly)  # what was injected, skipped, and how long it took
 
 
@@ -93,7 +94,7 @@ def _run(conversation: Conversation, context: PipelineContext, state: SessionSta
                                enabled=layer1.enabled and can_offer_tools,
                                tools_tokens=tokens.tools(conversation.tools, model),
                                prepared=context.prepared)
-    evicted: list[window.Evicted] = []
+    evicted: list[Evicted] = []
     if policy.window.enabled and can_offer_tools:
         original, messages, evicted = slide_window(original, messages, state, context, conversation)
     if evicted and policy.folded.enabled and not policy.folded.summarizer_model:
@@ -123,7 +124,7 @@ def _run(conversation: Conversation, context: PipelineContext, state: SessionSta
 def slide_window(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state: SessionState,
                  context: PipelineContext,
                  conversation: Conversation) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
-                                                      list[window.Evicted]]:
+                                                      list[Evicted]]:
     """Layer 3: evict whole exchanges in batches; the auto-summary block stands in for them."""
     policy, tokens, model = context.policy.policy, context.tokens, conversation.model
     budget_tokens = policy.window.max_tokens or math.floor(
@@ -161,8 +162,9 @@ def assemble_blocks(original: list[dict[str, Any]], state: SessionState, context
         block = state.window.block if policy.summary.enabled and state.window.cut is not None else None
         return [Fragment("summary", block, state.window.block_tokens, 2, HEAD, recency=0.5)] if block else []
 
-    last_user = next((m for m in reversed(original) if m.get("role") == "user"), {})
-    query = last_user.get("content") if isinstance(last_user.get("content"), str) else ""
+    last_user: dict[str, Any] = next((m for m in reversed(original) if m.get("role") == "user"), {})
+    content = last_user.get("content")
+    query = content if isinstance(content, str) else ""
     def folded_memory() -> list[Fragment]:
         text = render_folded(state.folded) if policy.folded.enabled else ""
         return [Fragment("folded", text, tokens.text(text, model), 3, HEAD, recency=0.7)] if text else []
@@ -172,7 +174,7 @@ def assemble_blocks(original: list[dict[str, Any]], state: SessionState, context
     return assemble(sources, query, policy.assembly.tokens_max, policy.assembly.time_ms, policy.summary.role)
 
 
-def fold(evicted: list[window.Evicted], state: SessionState, context: PipelineContext) -> None:
+def fold(evicted: list[Evicted], state: SessionState, context: PipelineContext) -> None:
     """Deterministic folding: an evicted batch becomes one episode; past max_episodes the oldest half
     is distilled into semantic memory."""
     messages = [m for _, exchange in evicted for m in exchange]

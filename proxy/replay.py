@@ -75,7 +75,7 @@ def _ratio(a: float, b: float) -> float:
 def pairing_errors(messages: list[dict[str, Any]]) -> list[str]:
     """Every assistant tool call answered right after it, in order, and every tool message called."""
     errors: list[str] = []
-    pending: list[str] = []
+    pending: list[Any] = []  # open call ids, as the client sent them (any JSON value)
     for index, message in enumerate(messages):
         if message.get("role") == "tool":
             answered = message.get("tool_call_id")

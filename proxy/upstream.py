@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Mapping
+from collections.abc import AsyncIterable, Awaitable, Mapping
 from typing import TypeVar
 
 import httpx
@@ -79,7 +79,7 @@ class Upstream:
         return headers
 
     async def open(self, method: str, path: str, query: bytes, headers: dict[str, str],
-                   content: bytes | None) -> httpx.Response:
+                   content: bytes | AsyncIterable[bytes] | None) -> httpx.Response:
         """Send a request and return the response with its body not yet read."""
         url = path + ("?" + query.decode("latin-1") if query else "")
         request = self.client.build_request(method, url, headers=headers, content=content)

@@ -356,7 +356,8 @@ def render(memory: FoldedMemory, *, recent_episodes: int = 3, max_chars: int = 6
     s = memory.semantic
     longest = max(len(s.facts), len(s.decisions), len(s.eliminated_approaches), len(s.patterns))
     # Shrink order: drop the oldest episode digests, then show fewer (newest) items per list.
-    attempts = [(episodes[i:], None) for i in range(len(episodes) + 1)]
+    attempts: list[tuple[list[Episode], int | None]] = [(episodes[i:], None)
+                                                         for i in range(len(episodes) + 1)]
     attempts += [([], limit) for limit in range(longest - 1, -1, -1)]
     for shown, limit in attempts:
         text = _compose(memory, shown, limit)

@@ -47,7 +47,7 @@ class Splice:
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> Splice:
-        return Splice(tuple(tuple(f) for f in data["client"]),  # type: ignore[misc]
+        return Splice(tuple(tuple(f) for f in data["client"]),
                       tuple((int(p), c) for p, c in data["internal"]), tuple(data["results"]))
 
 
@@ -84,7 +84,10 @@ def restored(conversation: C, state: SessionState) -> C:
     if not applied:
         return conversation
     for splice in applied:
-        state.kept.update((str(r.get("tool_call_id") or ""), r.get("content")) for r in splice.results)
+        for result in splice.results:
+            content = result.get("content")
+            if isinstance(content, str):  # always: the proxy's own tool output
+                state.kept.add((str(result.get("tool_call_id") or ""), content))
     return dataclasses.replace(conversation, messages=messages)  # type: ignore[type-var]
 
 

@@ -93,8 +93,8 @@ def _python_summary(an: _Analysis, max_chars: int) -> str:
             imports.append(f"{'.' * node.level}{node.module or ''} ({names})")
         elif isinstance(node, ast.Assign | ast.AnnAssign):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names = [t.id for t in targets if isinstance(t, ast.Name)]
-            consts += [name for name in names if name.isupper() or name == "__all__"]
+            assigned = [t.id for t in targets if isinstance(t, ast.Name)]
+            consts += [name for name in assigned if name.isupper() or name == "__all__"]
         else:
             add(node, "")
     header = [f"Python module, {len(an.content)} lines, {_plural(counts['function'], 'function')}, "
