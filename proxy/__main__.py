@@ -1,3 +1,4 @@
 from proxy.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # not when a worker process re-imports the main module (proxy.heavy)
+    raise SystemExit(main())

@@ -20,7 +20,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from proxy import commands, model_summary, pipeline, round_stream, rounds, validate
+from proxy import commands, heavy, model_summary, pipeline, round_stream, rounds, validate
 from proxy.archive import ArchiveWriter, ExchangeRecord, request_params, utc_now
 from proxy.config import Config, ServerConfig
 from proxy.errors import ContextLengthExceeded, CtxProxyError, PayloadTooLarge, RequestTimeout
@@ -328,6 +328,7 @@ def build_app(config: Config, *, transport: httpx.AsyncBaseTransport | None = No
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         tokens = TokenCounter()
         await anyio.to_thread.run_sync(warm_up, tokens, policies)
+        heavy.enable()  # huge texts are tokenized and summarized in a worker process
         archive = ArchiveWriter(config.data_dir / "archive.db")
         reader = ArchiveReader(config.data_dir / "archive.db")
         app.state.proxy = ProxyState(
@@ -343,6 +344,7 @@ def build_app(config: Config, *, transport: httpx.AsyncBaseTransport | None = No
             for task in list(app.state.proxy.tasks):
                 task.cancel()
             await app.state.proxy.upstream.aclose()
+            heavy.shutdown()
             archive.close()
             reader.close()
 

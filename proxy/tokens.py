@@ -17,6 +17,8 @@ from typing import Any
 
 import orjson
 
+from proxy import heavy
+
 FALLBACK_WINDOW = 8192
 # Per-message overheads as in OpenAI's published counting recipe.
 TOKENS_PER_MESSAGE = 3
@@ -101,7 +103,7 @@ class TokenCounter:
         key = (family, ("text", text))  # blocks are re-counted every request: memoise the big ones
         found = self._memo.get(key)
         if found is None:
-            found = _encoder(family)(text)
+            found = heavy.call(count_text, text, family)
             self._remember(key, len(text), found)
         return found
 
@@ -111,7 +113,7 @@ class TokenCounter:
         found = self._memo.get(key)
         if found is not None:
             return found
-        count = _count_message(message, _encoder(family))
+        count = _count_message(message, family)
         self._remember(key, _key_size(key[1]), count)
         return count
 
@@ -148,7 +150,17 @@ def _key_size(key: tuple[Any, ...]) -> int:
     return 64 + sum(len(part) for part in key if isinstance(part, str | bytes))
 
 
-def _count_message(message: dict[str, Any], count: Callable[[str], int]) -> int:
+def count_text(text: str, family: str) -> int:
+    """Tokens of one text (module-level, so a huge text can be counted in the worker process)."""
+    return _encoder(family)(text)
+
+
+def _count_message(message: dict[str, Any], family: str) -> int:
+    encoder = _encoder(family)
+
+    def count(text: str) -> int:
+        return heavy.call(count_text, text, family) if len(text) >= heavy.HUGE_CHARS else encoder(text)
+
     total = TOKENS_PER_MESSAGE + count(str(message.get("role", "")))
     content = message.get("content")
     if isinstance(content, str):

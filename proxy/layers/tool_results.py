@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from proxy import heavy
 from proxy.state import SessionState, StateStore
 from proxy.summarize import gist, summarize
 
@@ -34,7 +35,7 @@ def summary_text(handle: str, tool: str | None, content: str, original_tokens: i
     return (f"[ctxproxy summary of tool result call_id={handle}{label}: original {original_tokens} tokens, "
             f"{lines} lines. This is a summary, not the output. Get the exact original with "
             f'read_tool_result(call_id="{handle}"), or a range with start_line/end_line.]\n'
-            f"{body if body is not None else summarize(content, tool_name=tool)}")
+            f"{body if body is not None else heavy.call(summarize, content, tool_name=tool)}")
 
 
 def placeholder_text(handle: str, content: str, original_tokens: int) -> str:

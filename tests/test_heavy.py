@@ -1,0 +1,46 @@
+"""Huge texts are counted and summarized in a worker process, with the same results as inline."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from proxy import heavy
+from proxy.summarize import summarize
+from proxy.tokens import TokenCounter, count_text
+
+
+def pid_of(text: str) -> int:
+    return os.getpid()
+
+
+@pytest.fixture
+def enabled():
+    heavy.enable()
+    yield
+    heavy.shutdown()
+
+
+def test_only_huge_texts_leave_the_process(enabled):
+    assert heavy.call(pid_of, "small") == os.getpid()
+    assert heavy.call(pid_of, "x" * heavy.HUGE_CHARS) != os.getpid()
+
+
+def test_without_enable_everything_runs_inline():
+    assert heavy.call(pid_of, "x" * heavy.HUGE_CHARS) == os.getpid()
+
+
+def test_worker_results_equal_inline_results():
+    text = "\n".join(f"2026-11-22 ERROR worker-{i} failed: ValueError at src/mod_{i % 9}.py:{i}"
+                     for i in range(30_000))
+    assert len(text) >= heavy.HUGE_CHARS
+    message = {"role": "tool", "tool_call_id": "c1", "content": text}
+    inline = (count_text(text, "o200k_base"), summarize(text), TokenCounter().message(message, "gpt-4o"))
+    heavy.enable()
+    try:
+        in_worker = (heavy.call(count_text, text, "o200k_base"), heavy.call(summarize, text),
+                     TokenCounter().message(message, "gpt-4o"))
+    finally:
+        heavy.shutdown()
+    assert in_worker == inline
