@@ -51,11 +51,22 @@ def start_proxy(workdir: Path, upstream: str, name: str, timeout_s: float = 30.0
     return service
 
 
-def rss_mb(pid: int) -> tuple[float, float]:
-    """(current RSS, peak RSS) of a process in MB, from /proc."""
+def proc_status(pid: int) -> dict[str, float]:
+    """Memory fields of /proc/<pid>/status in MB (VmRSS, VmHWM, RssAnon, RssFile)."""
     fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
                   if ":" in line)
-    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+    return {k: int(fields[k].split()[0]) / 1024 for k in ("VmRSS", "VmHWM", "RssAnon", "RssFile")}
+
+
+def rss_mb(pid: int) -> tuple[float, float]:
+    """(current RSS, peak RSS) of a process in MB."""
+    status = proc_status(pid)
+    return status["VmRSS"], status["VmHWM"]
+
+
+def anon_mb(pid: int) -> float:
+    """Anonymous memory (heap): RSS without file pages the archive maps (page cache, reclaimable)."""
+    return proc_status(pid)["RssAnon"]
 
 
 def pct(values: list[float], q: float) -> float:
@@ -210,6 +221,7 @@ def long_sessions(proxy: Service, sessions: int, turns: int) -> None:
         list(pool.map(session, range(sessions)))
 
 
+SESSIONS_OVERRIDE: tuple[int, int] | None = None
 SECTIONS = ("fuzz", "truncation", "stall", "recall", "huge", "sessions", "kill")
 
 
@@ -226,6 +238,7 @@ def run_section(name: str, workdir: Path, fake: Service, quick: bool) -> None:
     proxy = fresh(workdir, fake, name, timeout_s=2.0)
     try:
         start_rss, _ = rss_mb(proxy.proc.pid)
+        start_anon = anon_mb(proxy.proc.pid)
         if name == "fuzz":
             statuses = fuzz(proxy, 300 if quick else 2000)
             print(f"fuzz: {sum(statuses.values())} cases, status classes {statuses}; "
@@ -256,17 +269,30 @@ def run_section(name: str, workdir: Path, fake: Service, quick: bool) -> None:
             httpx.post(f"{proxy.base}/v1/chat/completions", timeout=300,
                        headers={"x-fake-mode": "huge", "x-fake-size": str(100 * 1024 * 1024)},
                        json={"model": "gpt-4o", "messages": [{"role": "user", "content": "huge"}]})
+            wait_archived(Path(proxy.extra["archive"]), 1)  # settled: the writer has committed it too
             after, peak = rss_mb(proxy.proc.pid)
             print(f"100 MB upstream answer: RSS at start {start_rss:.0f} MB, peak {peak:.0f} MB (high-water "
-                  f"mark), settled {after:.0f} MB ({after - start_rss:+.0f} MB)")
+                  f"mark), settled {after:.0f} MB ({after - start_rss:+.0f} MB); anonymous memory "
+                  f"{start_anon:.0f} -> {anon_mb(proxy.proc.pid):.0f} MB")
         elif name == "sessions":
-            sessions, turns = (10, 40) if quick else (100, 200)
+            sessions, turns = SESSIONS_OVERRIDE or ((10, 40) if quick else (100, 200))
             long_sessions(proxy, sessions, turns)
             end_rss, peak = rss_mb(proxy.proc.pid)
             print(f"{sessions} sessions x {turns} turns: RSS at start {start_rss:.0f} MB, after "
-                  f"{end_rss:.0f} MB ({end_rss - start_rss:+.0f} MB), peak {peak:.0f} MB")
+                  f"{end_rss:.0f} MB ({end_rss - start_rss:+.0f} MB), peak {peak:.0f} MB; anonymous memory "
+                  f"{start_anon:.0f} -> {anon_mb(proxy.proc.pid):.0f} MB")
     finally:
         proxy.stop()
+
+
+def wait_archived(archive: Path, count: int, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with sqlite3.connect(archive) as db:
+            if db.execute("select count(*) from exchanges").fetchone()[0] >= count:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"{archive}: fewer than {count} exchanges after {timeout:.0f} s")
 
 
 def direct_recall(archive: Path, words: list[str]) -> list[float]:
@@ -289,7 +315,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smaller counts, for a smoke run")
     parser.add_argument("--only", choices=SECTIONS, action="append", help="run only these sections")
+    parser.add_argument("--sessions", type=int, nargs=2, metavar=("N", "TURNS"),
+                        help="the long-sessions figure with N sessions of TURNS turns")
     args = parser.parse_args()
+    global SESSIONS_OVERRIDE
+    SESSIONS_OVERRIDE = tuple(args.sessions) if args.sessions else None
     with tempfile.TemporaryDirectory(prefix="ctxproxy-faults-") as tmp:
         workdir = Path(tmp)
         fake = start_fake(workdir)

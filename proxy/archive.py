@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from proxy import malloc
 from proxy.archive_codec import dumps, loads, safe_text, serialize
 from proxy.archive_db import (
     CHUNK_CHARS,
@@ -75,6 +76,7 @@ log = logging.getLogger("ctxproxy.archive")
 BATCH_MAX = 256  # items per transaction
 BATCH_BYTES = 32 * 1024 * 1024  # serialized bytes per transaction (one bigger item still goes alone)
 QUEUE_BYTES = 64 * 1024 * 1024  # `submit` blocks while more than this waits to be committed
+TRIM_AFTER_BYTES = 8 * 1024 * 1024  # after committing a batch this large, return free heap to the OS
 RETRY_FOR = 300.0  # seconds of an unavailable database before warnings turn into errors (or a start fails)
 
 
@@ -323,6 +325,8 @@ class ArchiveWriter:
             except Exception:  # a bug in the writer itself: leave the items in the spool
                 log.exception("archive: writer failed on a batch of %d; it stays in the spool", len(batch))
                 kept = True
+            if size >= TRIM_AFTER_BYTES:  # a huge exchange went through: give its memory back
+                malloc.trim()
             with self._cond:
                 self._done = batch[-1].seq
                 self._queued_bytes -= size

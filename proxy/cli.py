@@ -28,12 +28,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
+    from proxy import malloc
     from proxy.app import build_app
 
     host = args.host or config.server.host
     port = args.port if args.port is not None else config.server.port
     logging.basicConfig(level=config.server.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    malloc.tune()  # large buffers go back to the OS when freed (see proxy/malloc.py)
     app = build_app(config)
     uvicorn.run(app, host=host, port=port, log_level=config.server.log_level, loop="uvloop",
                 http="httptools", access_log=False, timeout_graceful_shutdown=30)
