@@ -100,11 +100,11 @@ class TokenCounter:
         family = encoding_name_for(model)
         if len(text) < 256:
             return _encoder(family)(text)
-        key = (family, ("text", text))  # blocks are re-counted every request: memoise the big ones
+        key = (family, ("text", _compact("t", text)))  # blocks are re-counted every request: memoise
         found = self._memo.get(key)
         if found is None:
             found = heavy.call(count_text, text, family)
-            self._remember(key, len(text), found)
+            self._remember(key, 64, found)
         return found
 
     def message(self, message: dict[str, Any], model: str) -> int:
@@ -124,30 +124,45 @@ class TokenCounter:
         if not tools:
             return 0
         serialized = orjson.dumps(tools).decode()
-        key = (encoding_name_for(model), ("tools", serialized))
+        key = (encoding_name_for(model), ("tools", _compact("t", serialized)))
         found = self._memo.get(key)
         if found is None:
             found = self.text(serialized, model)
-            self._remember(key, len(serialized), found)
+            self._remember(key, 64, found)
         return found
 
     def request(self, messages: list[dict[str, Any]], tools: list[Any] | None, model: str) -> int:
         return self.messages(messages, model) + self.tools(tools, model)
 
 
+INLINE_KEY = 128  # a shorter text is its own memo key
+
+
+def _compact(kind: str, value: str | bytes) -> Any:
+    """A memo key part that does not keep a long text alive: the text, or (kind, length, hash).
+
+    Python computes the same hash for the dict lookup anyway, so this costs no extra pass over the
+    text; a 64-bit collision among the memo's entries is vanishingly rare (and would only skew one count).
+    """
+    # Serialized bytes are never kept: orjson's output holds ~4 KB of capacity however short it is.
+    return value if isinstance(value, str) and len(value) <= INLINE_KEY else (kind, len(value), hash(value))
+
+
 def _message_key(message: dict[str, Any]) -> Any:
     """Only the fields that are counted, as a tuple: big strings are hashed once, never re-serialized."""
     content = message.get("content")
-    if not isinstance(content, str) and content is not None:
-        content = orjson.dumps(content)
+    if isinstance(content, str):
+        content = _compact("s", content)
+    elif content is not None:
+        content = _compact("j", orjson.dumps(content))
     calls = message.get("tool_calls")
     name, call_id = message.get("name"), message.get("tool_call_id")
     return (str(message.get("role")), content, None if name is None else str(name),
-            None if call_id is None else str(call_id), orjson.dumps(calls) if calls else None)
+            None if call_id is None else str(call_id), _compact("c", orjson.dumps(calls)) if calls else None)
 
 
 def _key_size(key: tuple[Any, ...]) -> int:
-    return 64 + sum(len(part) for part in key if isinstance(part, str | bytes))
+    return 64 + sum(len(part) if isinstance(part, str | bytes) else 48 for part in key)
 
 
 def count_text(text: str, family: str) -> int:

@@ -143,7 +143,7 @@ def _turn(session: str, turn: int, size: int) -> ExchangeRecord:
 
 
 def test_the_writers_chain_cache_stays_in_its_byte_budget_and_chains_stay_exact(tmp_path):
-    budget = 256 * 1024
+    budget = 512 * 1024  # a few sessions: each entry counts twice its serialized size (PARSED_PER_SERIALIZED)
     writer = ArchiveWriter(tmp_path / "archive.db", chain_cache_bytes=budget)
     records = []
     for turn in range(4):  # sessions take turns, so evicted ones come back and are hashed in full again

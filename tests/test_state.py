@@ -89,11 +89,22 @@ def test_concurrent_first_requests_of_a_session_share_one_state():
     assert len({id(state) for state in seen}) == 1
 
 
-def test_token_memo_is_bounded_by_the_text_it_keeps(monkeypatch):
-    monkeypatch.setattr(tokens_module, "_CACHE_CHARS", 1_000_000)
+def test_token_memo_keeps_no_long_text_alive_and_still_hits_for_a_resent_copy(monkeypatch):
     counter = TokenCounter()
-    for n in range(100):  # 100 distinct 50 KB messages: 5 MB of keys if nothing bounded them
-        counter.message({"role": "tool", "tool_call_id": f"c{n}", "content": f"{n} " + "word " * 10_000},
-                        "gpt-4o")
-        assert counter._chars <= 1_000_000
-    assert 0 < len(counter._memo) < 100
+    contents = [f"{n} " + "word " * 10_000 for n in range(100)]  # 5 MB of distinct text
+    counts = [counter.message({"role": "tool", "tool_call_id": f"c{n}", "content": text}, "gpt-4o")
+              for n, text in enumerate(contents)]
+
+    def parts(value: Any) -> list[Any]:
+        return [p for item in value for p in parts(item)] if isinstance(value, tuple) else [value]
+
+    kept = [part for key in counter._memo for part in parts(key) if isinstance(part, str | bytes)]
+    assert max(len(part) for part in kept) <= tokens_module.INLINE_KEY
+    recounted: list[dict] = []
+    real_count = tokens_module._count_message
+    monkeypatch.setattr(tokens_module, "_count_message",
+                        lambda message, family: recounted.append(message) or real_count(message, family))
+    # The same history resent as new objects (as agents do): every count is a memo hit.
+    again = [counter.message({"role": "tool", "tool_call_id": f"c{n}", "content": "".join([text])}, "gpt-4o")
+             for n, text in enumerate(contents)]
+    assert again == counts and recounted == []
