@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 import httpx
 import openai
@@ -225,9 +226,18 @@ def test_disconnect_before_upstream_headers_cancels_upstream(proxy, fake_upstrea
     assert fake_upstream.got_request.wait(10)
     sock.close()
     assert fake_upstream.saw_disconnect.wait(10), "the upstream call was not cancelled"
-    proxy.flush()
-    row = next(proxy.state.archive._db.query("select status, error from exchanges"))
+    row = archived_exchange(proxy)  # archived just after the cancel: wait for it, bounded
     assert row["status"] == 499 and "disconnect" in row["error"]
+
+
+def archived_exchange(proxy, deadline_s: float = 10.0) -> dict:
+    deadline = time.monotonic() + deadline_s
+    while True:
+        proxy.flush()
+        row = next(proxy.state.archive._db.query("select status, error from exchanges"), None)
+        if row is not None or time.monotonic() > deadline:
+            assert row is not None, "the exchange was never archived"
+            return row
 
 
 def test_disconnect_mid_stream_cancels_upstream(proxy, fake_upstream):
