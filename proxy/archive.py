@@ -1,10 +1,10 @@
 """The archive: every exchange recorded in SQLite by one background writer, off the request path.
 
-This module holds what callers hand to the archive (ExchangeRecord, TableRow), their byte form for the
-queue and the spool (encode_item / decode_item) and the writer thread (ArchiveWriter). Its parts live in
-their own modules, re-exported here for callers: archive_codec (JSON and text), archive_params (request
-params minus credentials), archive_db (schema, content-addressed messages, search index), archive_parse
-(reading upstream answers), archive_rows (items as rows), spool (the spool files), data_dir_lock.
+This module holds the writer thread (ArchiveWriter). Its parts live in their own modules, re-exported
+here for callers: archive_items (ExchangeRecord, TableRow and their byte form for the queue and the
+spool), archive_codec (JSON and text), archive_params (request params minus credentials), archive_db
+(schema, content-addressed messages, search index), archive_parse (reading upstream answers),
+archive_rows (items as rows), archive_retry, spool (the spool files), data_dir_lock.
 
 Nothing acknowledged is lost. `submit` serializes the item and appends it to a spool file in the data
 dir before it returns (what reached the page cache survives kill -9); the writer commits in IMMEDIATE
@@ -16,20 +16,14 @@ per data dir, enforced with a lock file.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import struct
 import threading
 import time
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, NamedTuple
-
-import orjson
+from typing import NamedTuple
 
 from proxy import malloc
 from proxy.archive_codec import dumps, loads, safe_text, serialize
@@ -45,6 +39,7 @@ from proxy.archive_db import (
     scope_token,
     searchable_text,
 )
+from proxy.archive_items import ExchangeRecord, TableRow, decode_item, encode_item, utc_now
 from proxy.archive_params import SECRET_FIELDS, is_secret_key, request_params
 from proxy.archive_parse import ParsedResponse, parse_response
 from proxy.archive_retry import StillUnavailable, WriteFailed, immediate_transaction
@@ -78,112 +73,6 @@ BATCH_BYTES = 32 * 1024 * 1024  # serialized bytes per transaction (one bigger i
 QUEUE_BYTES = 64 * 1024 * 1024  # `submit` blocks while more than this waits to be committed
 TRIM_AFTER_BYTES = 8 * 1024 * 1024  # after committing a batch this large, return free heap to the OS
 RETRY_FOR = 300.0  # seconds of an unavailable database before warnings turn into errors (or a start fails)
-
-
-def utc_now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds")
-
-
-@dataclass
-class ExchangeRecord:
-    """Everything known about one upstream call, handed to the writer as-is (cheap to build)."""
-
-    id: str
-    created_at: str
-    session_id: str
-    session_source: str
-    tenant: str
-    policy: str
-    route: str
-    model: str | None
-    stream: bool
-    request_messages: list[Any]
-    params: dict[str, Any]
-    forwarded_messages: list[Any] | None = None  # None: forwarded unchanged
-    status: int = 0
-    latency_ms: float = 0.0
-    upstream_ms: float = 0.0
-    tokens_before: int | None = None
-    tokens_after: int | None = None
-    gate: str = "pass"
-    response_body: bytes | None = None
-    response_chunks: list[bytes] = field(default_factory=list)
-    error: str | None = None
-    response_truncated: bool = False  # only the first upstream.max_response_bytes of the answer were kept
-    response_kept: int = 0  # bytes of a streamed answer kept so far
-
-    def keep_chunk(self, chunk: bytes, cap: int) -> None:
-        """Keep a streamed chunk for the archive, up to `cap` bytes in all; past that, mark the record."""
-        room = cap - self.response_kept
-        if len(chunk) > room:
-            self.response_truncated = True
-            chunk = chunk[:max(room, 0)]
-        if chunk:
-            self.response_chunks.append(chunk)
-            self.response_kept += len(chunk)
-
-
-@dataclass
-class TableRow:
-    """A row for a side table (tool results, tickets), written by the same background writer."""
-
-    table: str
-    row: dict[str, Any]
-    replace: bool = True
-
-
-# --------------------------------------------------------------------- items as bytes (queue, spool)
-
-_EXCHANGE, _ROW = 1, 2
-_BLOB_FIELDS = ("response_body", "response_chunks")
-_EXCHANGE_FIELDS = tuple(f.name for f in fields(ExchangeRecord) if f.name not in _BLOB_FIELDS)
-_HEAD = struct.Struct("<BBI")  # kind, 1 if the stdlib wrote the JSON, its length
-_BLOB = struct.Struct("<q")
-
-
-def encode_item(item: ExchangeRecord | TableRow) -> bytes:
-    """An item as bytes: kind, JSON of its fields, then the raw response body and stream bytes."""
-    if isinstance(item, ExchangeRecord):
-        kind = _EXCHANGE
-        meta: dict[str, Any] = {name: getattr(item, name) for name in _EXCHANGE_FIELDS}
-        blobs = [item.response_body, b"".join(item.response_chunks) if item.response_chunks else None]
-    elif isinstance(item, TableRow):
-        kind, meta, blobs = _ROW, {"table": item.table, "row": item.row, "replace": item.replace}, []
-    else:
-        raise TypeError(f"the archive writes ExchangeRecord and TableRow, not {type(item).__name__}")
-    head, by_stdlib = serialize(meta)
-    parts = [_HEAD.pack(kind, int(by_stdlib), len(head)), head]
-    for blob in blobs:
-        parts.append(_BLOB.pack(-1 if blob is None else len(blob)))
-        if blob:
-            parts.append(bytes(blob))
-    return b"".join(parts)
-
-
-def decode_item(payload: bytes) -> ExchangeRecord | TableRow:
-    kind, by_stdlib, size = _HEAD.unpack_from(payload)
-    position = _HEAD.size
-    head = payload[position:position + size]
-    meta = json.loads(head) if by_stdlib else orjson.loads(head)
-    position += size
-    blobs: list[bytes | None] = []
-    while position < len(payload):
-        (length,) = _BLOB.unpack_from(payload, position)
-        position += _BLOB.size
-        if length < 0:
-            blobs.append(None)
-        else:
-            blobs.append(payload[position:position + length])
-            position += length
-    if kind == _ROW:
-        return TableRow(meta["table"], meta["row"], bool(meta.get("replace", True)))
-    if kind != _EXCHANGE:
-        raise ValueError(f"unknown archive item kind {kind}")
-    record = ExchangeRecord(**{k: v for k, v in meta.items() if k in _EXCHANGE_FIELDS})
-    blobs += [None] * (2 - len(blobs))
-    record.response_body = blobs[0]
-    record.response_chunks = [blobs[1]] if blobs[1] else []
-    return record
 
 
 # ------------------------------------------------------------------------------------------ writer
