@@ -121,6 +121,13 @@ def _missing(param: str, code: str) -> NoReturn:
     _fail(param, f"Missing required parameter: '{param}'.", code)
 
 
+def _not_a_string(param: str, value: Any) -> NoReturn:
+    """A required string field of a message: missing, or of another type."""
+    if value is None:
+        _missing(param, _CODE)
+    _wrong_type(param, "a string", value, code=_CODE)
+
+
 def _too_deep(value: Any, level: int) -> bool:
     """Whether `value`, a container at nesting `level`, holds containers deeper than MAX_DEPTH."""
     stack = [(value, level)]
@@ -196,9 +203,7 @@ def _check_message(message: Any, index: int) -> None:
         _wrong_type(f"messages[{index}]", "an object", message, code=_CODE)
     role = message.get("role")
     if type(role) is not str:
-        if role is None:
-            _missing(f"messages[{index}].role", _CODE)
-        _wrong_type(f"messages[{index}].role", "a string", role, code=_CODE)
+        _not_a_string(f"messages[{index}].role", role)
     content = message.get("content")
     if content is not None and type(content) is not str:
         if type(content) is not list:
@@ -217,9 +222,7 @@ def _check_message(message: Any, index: int) -> None:
     if role == "tool":
         call_id = message.get("tool_call_id")
         if type(call_id) is not str:
-            if call_id is None:
-                _missing(f"messages[{index}].tool_call_id", _CODE)
-            _wrong_type(f"messages[{index}].tool_call_id", "a string", call_id, code=_CODE)
+            _not_a_string(f"messages[{index}].tool_call_id", call_id)
     name = message.get("name")
     if name is not None and type(name) is not str:
         _wrong_type(f"messages[{index}].name", "a string", name, code=_CODE)
@@ -251,9 +254,7 @@ def _check_call(call: Any, index: int, number: int) -> None:
         _wrong_type(at, "an object", call, code=_CODE)
     call_id = call.get("id")
     if type(call_id) is not str:
-        if call_id is None:
-            _missing(f"{at}.id", _CODE)
-        _wrong_type(f"{at}.id", "a string", call_id, code=_CODE)
+        _not_a_string(f"{at}.id", call_id)
     kind = call.get("type")
     if kind is not None and type(kind) is not str:
         _wrong_type(f"{at}.type", "a string", kind, code=_CODE)
@@ -268,9 +269,7 @@ def _check_call(call: Any, index: int, number: int) -> None:
         for field in ("name", "arguments"):
             value = function.get(field)
             if type(value) is not str:
-                if value is None:
-                    _missing(f"{at}.function.{field}", _CODE)
-                _wrong_type(f"{at}.function.{field}", "a string", value, code=_CODE)
+                _not_a_string(f"{at}.function.{field}", value)
         if len(function) > 2:
             for key, value in function.items():
                 _check_depth(value, 7, f"{at}.function.{key}")
