@@ -111,9 +111,3 @@ def _check_usage(parsed: ParsedResponse) -> None:
             and integer(details.get("cached_tokens")) is None:
         parsed.problems.append("usage.prompt_tokens_details.cached_tokens is "
                                f"{_kind(details['cached_tokens'])}")
-
-
-def _parse_response(record: ExchangeRecord) -> tuple[dict | None, dict | None, str | None, str | None]:
-    """(message, usage, response id, finish reason); kept for callers of the old shape."""
-    parsed = parse_response(record)
-    return parsed.message, parsed.usage, parsed.response_id, parsed.finish_reason

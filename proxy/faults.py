@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import httpx
 import orjson
+
+if TYPE_CHECKING:
+    from proxy.archive import ExchangeRecord
 
 from proxy.errors import CtxProxyError, UpstreamTimeout
 from proxy.sse import DONE, EventSplitter, event_data
@@ -112,6 +115,14 @@ async def _rest(response: httpx.Response, first: bytes, chunks: AsyncIterator[by
     finally:
         with anyio.CancelScope(shield=True):
             await response.aclose()
+
+
+async def close_timed(response: httpx.Response, record: ExchangeRecord, started: float) -> None:
+    """Close an upstream response however its relay ended (shielded from cancellation) and record how
+    long the upstream took, to the end of its body."""
+    with anyio.CancelScope(shield=True):
+        await response.aclose()
+    record.upstream_ms = elapsed_ms(response, started)
 
 
 def is_event_stream(response: httpx.Response) -> bool:

@@ -77,9 +77,7 @@ async def relay_stream(response: httpx.Response, record: ExchangeRecord, cap: in
     except httpx.HTTPError as exc:
         broke = exc
     finally:
-        with anyio.CancelScope(shield=True):
-            await response.aclose()
-        record.upstream_ms = faults.elapsed_ms(response, started)
+        await faults.close_timed(response, record, started)
     if watch is None:
         if broke is not None:
             record.error = faults.stream_failure(broke)[1]

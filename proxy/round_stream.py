@@ -74,9 +74,7 @@ async def stream(rc: RoundsContext, first: httpx.Response) -> AsyncIterator[byte
             except httpx.HTTPError as exc:
                 broke = exc
             finally:
-                with anyio.CancelScope(shield=True):
-                    await response.aclose()
-                record.upstream_ms = faults.elapsed_ms(response, started)
+                await faults.close_timed(response, record, started)
             end = _round_end(state, broke, record)
             if end is not None:
                 if end:

@@ -128,6 +128,12 @@ def _not_a_string(param: str, value: Any) -> NoReturn:
     _wrong_type(param, "a string", value, code=_CODE)
 
 
+def _optional_string(param: str, value: Any) -> None:
+    """An optional string field of a message: absent (null) or a string."""
+    if value is not None and type(value) is not str:
+        _wrong_type(param, "a string", value, code=_CODE)
+
+
 def _too_deep(value: Any, level: int) -> bool:
     """Whether `value`, a container at nesting `level`, holds containers deeper than MAX_DEPTH."""
     stack = [(value, level)]
@@ -223,9 +229,7 @@ def _check_message(message: Any, index: int) -> None:
         call_id = message.get("tool_call_id")
         if type(call_id) is not str:
             _not_a_string(f"messages[{index}].tool_call_id", call_id)
-    name = message.get("name")
-    if name is not None and type(name) is not str:
-        _wrong_type(f"messages[{index}].name", "a string", name, code=_CODE)
+    _optional_string(f"messages[{index}].name", message.get("name"))
     if len(message) > 2 or (len(message) == 2 and "content" not in message):
         for key, value in message.items():
             kind = type(value)
@@ -241,9 +245,7 @@ def _check_part(part: dict[str, Any], index: int, number: int) -> None:
             _missing(f"messages[{index}].content[{number}].text", _CODE)
     elif type(text) is not str:
         _wrong_type(f"messages[{index}].content[{number}].text", "a string", text, code=_CODE)
-    kind = part.get("type")
-    if kind is not None and type(kind) is not str:
-        _wrong_type(f"messages[{index}].content[{number}].type", "a string", kind, code=_CODE)
+    _optional_string(f"messages[{index}].content[{number}].type", part.get("type"))
     for key, value in part.items():  # image_url, input_audio, file, cache_control, ...
         _check_depth(value, 6, f"messages[{index}].content[{number}].{key}")
 
@@ -256,8 +258,7 @@ def _check_call(call: Any, index: int, number: int) -> None:
     if type(call_id) is not str:
         _not_a_string(f"{at}.id", call_id)
     kind = call.get("type")
-    if kind is not None and type(kind) is not str:
-        _wrong_type(f"{at}.type", "a string", kind, code=_CODE)
+    _optional_string(f"{at}.type", kind)
     function = call.get("function")
     if function is None and kind not in (None, "function"):
         pass  # another kind of call (e.g. "custom"): the proxy only reads function calls
