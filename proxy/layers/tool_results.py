@@ -28,14 +28,24 @@ def tool_names_by_call(messages: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def summary_text(handle: str, tool: str | None, content: str, original_tokens: int,
-                 body: str | None = None) -> str:
-    """The labelled replacement. `body` is a model-written summary when one was prepared."""
+                 body: str | None = None, arguments: str | None = None) -> str:
+    """The labelled replacement. `body` is a model-written summary when one was prepared; `arguments`
+    (the call's JSON arguments) let the summary keep the lines the call pointed at."""
     lines = content.count("\n") + 1
     label = f" from {tool}" if tool else ""
     return (f"[ctxproxy summary of tool result call_id={handle}{label}: original {original_tokens} tokens, "
             f"{lines} lines. This is a summary, not the output. Get the exact original with "
             f'read_tool_result(call_id="{handle}"), or a range with start_line/end_line.]\n'
-            f"{body if body is not None else heavy.call(summarize, content, tool_name=tool)}")
+            f"{body if body is not None else heavy.call(summarize, content, tool_name=tool, arguments=arguments)}")
+
+
+def replacement(handle: str, tool: str | None, content: str, count_text: Callable[[str], int],
+                arguments: str | None = None) -> str | None:
+    """The labelled summary layer 1 applies to `content`, or None when it would not be clearly smaller
+    (at most half the original's tokens): then the original stays."""
+    original_tokens = count_text(content)
+    text = summary_text(handle, tool, content, original_tokens, arguments=arguments)
+    return text if count_text(text) * 2 <= original_tokens else None
 
 
 def placeholder_text(handle: str, content: str, original_tokens: int) -> str:

@@ -27,7 +27,8 @@ def detect_kind(text: str) -> str:
         return "text"
 
 
-def summarize(text: str, *, tool_name: str | None = None, max_chars: int = 2400) -> str:
+def summarize(text: str, *, tool_name: str | None = None, max_chars: int = 2400,
+              arguments: str | None = None) -> str:
     """Deterministic summary body of a tool result (no header; the caller adds the labelled header)."""
     if max_chars <= 0:
         return ""
