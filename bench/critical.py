@@ -22,8 +22,8 @@ import re
 from dataclasses import dataclass, field
 
 _ID = re.compile(r"(?<![\w/-])(?<!\w\.)(?=[\w-]*\d)(?=[\w-]*[A-Za-z])[A-Za-z0-9][\w-]{3,63}(?![\w/])")
-_PATH = re.compile(r"(?<![\w.])(?:\.{0,2}/)?(?:[\w.@+-]+/)+[\w.@+-]+|(?<![\w./-])[\w-]+\.(?:py|js|ts|tsx|jsx|go|rs"
-                   r"|java|c|h|cc|cpp|hpp|rb|php|cs|kt|swift|sh|yaml|yml|json|toml|cfg|ini|txt|md|rst|html"
+_PATH = re.compile(r"(?<![\w.])(?:\.{0,2}/)?(?:[\w.@+-]+/)+[\w.@+-]+"
+                   r"|(?<![\w./-])[\w-]+\.(?:py|js|ts|tsx|jsx|go|rs|java|c|h|cc|cpp|hpp|rb|php|cs|kt|swift|sh|yaml|yml|json|toml|cfg|ini|txt|md|rst|html"
                    r"|css|sql|lock|xml|csv|log)\b")
 _ERROR_LINE = re.compile(r"(?i)\b(?:error|exception|traceback|failed|failure|fatal|panic)\b|\w+Error\b"
                          r"|^=+ .*\b(?:passed|failed)\b")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sqlite3
 from pathlib import Path
@@ -13,8 +14,10 @@ from sqlite_utils import Database
 
 from proxy import migrations
 from proxy.archive_codec import safe_text
+from proxy.archive_traffic import is_proxy_message, message_text
 
 CHUNK_CHARS = 4096  # searchable text is indexed in chunks of about this many characters
+searchable_text = message_text  # the old name
 
 
 def open_database(path: Path, busy_timeout: float = 30.0) -> Database:
@@ -47,23 +50,6 @@ def scope_of(tenant: str, session_id: str, policy: str) -> str:
 
 def project_token(tenant: str, policy: str) -> str:
     return scope_token("tp", tenant + "\0" + policy)
-
-
-def searchable_text(message: Any) -> str:
-    if not isinstance(message, dict):
-        return "" if message is None else str(message)
-    parts: list[str] = []
-    content = message.get("content")
-    if isinstance(content, str):
-        parts.append(content)
-    elif isinstance(content, list):
-        parts.extend(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    calls = message.get("tool_calls")
-    for call in calls if isinstance(calls, list) else ():
-        function = call.get("function") if isinstance(call, dict) else None
-        if isinstance(function, dict):
-            parts.append(f"{function.get('name', '')}({function.get('arguments', '')})")
-    return "\n".join(parts)
 
 
 def message_call_id(message: Any) -> str | None:
@@ -100,20 +86,35 @@ def chunk_text(text: str, size: int = CHUNK_CHARS) -> list[str]:
 
 # text and scope live in the chunk index (message_chunks_fts) only.
 _MESSAGE_INSERT = ("INSERT OR IGNORE INTO messages (id, parent_id, tenant, session_id, policy, role, body, "
-                   "created_at, call_id, size) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+                   "created_at, call_id, size, proxy) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
 _CHUNK_INSERT = "INSERT INTO message_chunks_fts (message_id, scope, text) VALUES (?, ?, ?)"
+_CHUNK_LINES = "INSERT OR REPLACE INTO message_chunk_lines (message_id, first_chunk, starts) VALUES (?, ?, ?)"
 
 
 def insert_message(conn: sqlite3.Connection, node: str, parent: str | None, message: Any, body: bytes,
                    *, tenant: str, session_id: str, policy: str, created_at: str,
                    searchable: bool = True) -> bool:
-    """Store one message (once: ignored when its id exists) and index its text in chunks."""
+    """Store one message (once: ignored when its id exists) and index its text in chunks.
+
+    Not `searchable` (a rewritten copy forwarded upstream, an answer the proxy gave itself), or the
+    proxy's own traffic (archive_traffic): stored with messages.proxy = 1 and not indexed, so recall
+    and read-back never return it."""
     role = message.get("role") if isinstance(message, dict) else None
+    proxy = not searchable or is_proxy_message(message)
     inserted = conn.execute(_MESSAGE_INSERT, (
         node, parent, safe_text(tenant), safe_text(session_id), safe_text(policy), safe_text(role),
-        body.decode("utf-8"), created_at, message_call_id(message), len(body))).rowcount
-    if inserted and searchable:
-        text = safe_text(searchable_text(message)) or ""
+        body.decode("utf-8"), created_at, message_call_id(message), len(body), int(proxy))).rowcount
+    if inserted and not proxy:
+        chunks = chunk_text(safe_text(message_text(message)) or "")
         scope = scope_of(tenant, session_id, policy)
-        conn.executemany(_CHUNK_INSERT, [(node, scope, chunk) for chunk in chunk_text(text)])
+        conn.executemany(_CHUNK_INSERT, [(node, scope, chunk) for chunk in chunks])
+        if len(chunks) > 1:
+            # The line each chunk starts on, so a hit deep in a long result names its line number.
+            # Chunks get consecutive rowids: the writer is the only one inserting.
+            last = conn.execute("SELECT last_insert_rowid()").fetchone()[0]
+            starts, line = [], 1
+            for chunk in chunks:
+                starts.append(line)
+                line += chunk.count("\n")
+            conn.execute(_CHUNK_LINES, (node, last - len(chunks) + 1, json.dumps(starts)))
     return bool(inserted)

@@ -145,7 +145,9 @@ class RowWriter:
             body = dumps(message)
             node = message_id(parent, body)
             if node not in self._seen:
-                self._insert(node, parent, message, body, record)
+                # What was forwarded is the client's messages rewritten (summaries, blocks, internal calls
+                # and their results): kept, but only the client's own chain is searched.
+                self._insert(node, parent, message, body, record, searchable=kind == "request")
                 self._remember(node)
             parent = node
             ids.append(node)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.layers.observations import Observations, for_policy
 from proxy.layers.tool_results import prune
 from proxy.policy import Policy
 from proxy.state import SessionState, StateStore
@@ -55,7 +56,7 @@ def check(original: list[dict[str, Any]], forwarded: list[dict[str, Any]],
         return GateResult(WARN, forwarded, total, estimated, window)
     target = math.floor(budget.prune_to_pct * window / (1 + budget.pad_pct))
     forwarded, total = prune(original, forwarded, state, store, count, total, target, budget.keep_recent,
-                             protected)
+                             protected, observations=_observations(policy))
     estimated = padded(total, budget.pad_pct)
     if estimated >= window:
         return GateResult(REFUSE, forwarded, total, estimated, window)
@@ -76,5 +77,9 @@ def _layer1_only(original: list[dict[str, Any]], forwarded: list[dict[str, Any]]
         return GateResult(PASS, forwarded, total, total, window)
     target = math.floor(policy.budget.prune_to_pct * window)
     forwarded, total = prune(original, forwarded, state, store, count, total, target, layer1.keep_recent,
-                             protected)
+                             protected, observations=_observations(policy))
     return GateResult(PRUNE, forwarded, total, total, window)
+
+
+def _observations(policy: Policy) -> Observations:
+    return for_policy(tuple(policy.tool_results.observation_patterns), policy.tool_results.threshold_tokens)

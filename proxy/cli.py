@@ -155,6 +155,20 @@ def cmd_pin(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_summarize(args: argparse.Namespace) -> int:
+    from proxy.summarize.preview import explain, preview, read_input
+
+    result = preview(read_input(args.file), args.tool, args.arguments)
+    if args.json:
+        print(orjson.dumps(result.as_dict()).decode())
+    elif result.replaced:
+        print(result.text)
+    else:
+        print(explain(result))
+        print(result.text)
+    return 0
+
+
 def version() -> str:
     """The installed distribution's version; the source tree's when ctxproxy runs uninstalled."""
     try:
@@ -191,6 +205,15 @@ def parser() -> argparse.ArgumentParser:
     replay.add_argument("--limit", type=int, help="at most this many conversations per file")
     replay.add_argument("--json", action="store_true")
     replay.set_defaults(func=cmd_replay)
+
+    summarize = sub.add_parser("summarize",
+                               help="print the summary layer 1 would put in place of a tool result")
+    summarize.add_argument("file", help="the tool result (- for stdin)")
+    summarize.add_argument("--tool", help="the tool's name, as in the assistant's tool call")
+    summarize.add_argument("--arguments", help="the call's JSON arguments (line ranges, patterns)")
+    summarize.add_argument("--json", action="store_true",
+                           help="{replaced, original_tokens, summary_tokens, text}")
+    summarize.set_defaults(func=cmd_summarize)
 
     pin = sub.add_parser("pin", help="runtime pins of a project (policy), shown in every request")
     pin_sub = pin.add_subparsers(dest="pin_command", required=True)

@@ -2,32 +2,29 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from proxy.archive_traffic import HANDLE, INTERNAL_NAMES, READ_TOOL_RESULT, RECALL
 from proxy.state import StateStore
-
-READ_TOOL_RESULT = "read_tool_result"
-RECALL = "recall"
-INTERNAL_NAMES = frozenset({READ_TOOL_RESULT, RECALL})
-HANDLE = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}(#[0-9]{1,6})?$")
 
 READ_TOOL_RESULT_SPEC: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": READ_TOOL_RESULT,
         "description": (
-            "Return the original, verbatim output of an earlier tool call that was replaced by a summary "
-            "(summaries say so and name the call_id). Long outputs come in pages of lines; pass "
-            "start_line/end_line (1-based, inclusive) to read a specific range."),
+            "Return the original, verbatim output of an earlier tool call: one replaced by a summary or a "
+            "placeholder, or one that left this conversation to fit the context window (summaries, the "
+            "auto-summary and recall name its call_id or handle). Long outputs come in pages of lines; "
+            "pass start_line/end_line (1-based, inclusive) to read a specific range."),
         "parameters": {
             "type": "object",
             "properties": {
-                "call_id": {"type": "string", "description": "The call_id named in the summary."},
+                "call_id": {"type": "string",
+                            "description": "The call_id or handle named in a summary or a recall hit."},
                 "start_line": {"type": "integer", "minimum": 1},
                 "end_line": {"type": "integer", "minimum": 1},
             },
@@ -44,7 +41,8 @@ RECALL_SPEC: dict[str, Any] = {
         "description": (
             "Search everything said earlier, including exchanges that left this conversation to fit the "
             "context window (see the auto-summary). Full-text search: pass distinctive words, ids or "
-            "error text. Returns ranked snippets, this session first."),
+            "error text. Returns ranked hits, this session first, each with its matching lines (line "
+            "numbers included) and the call_id to read the whole message with read_tool_result."),
         "parameters": {
             "type": "object",
             "properties": {"query": {"type": "string", "description": "Words to search for."}},
@@ -168,22 +166,53 @@ def recall(arguments: dict[str, Any], context: ToolContext) -> str:
 
 
 def format_hits(query: str, hits: list[dict[str, Any]], session_id: str, limit_chars: int) -> str:
-    """Ranked snippets with where and when they were said, and a call id to read the whole result."""
+    """Ranked hits with where and when each was said, the handle that reads the whole message back,
+    and its lines holding the query's terms; at most `limit_chars` in all (whole hits are left out
+    first, then a hit's later lines). archive_traffic knows its opening, so the answer is never indexed
+    as the conversation when a client sends it back (a /recall answer)."""
     stopped = getattr(hits, "truncated", False)  # the search hit its time limit
     if not hits:
         if stopped:
             return (f"recall {query!r}: the search stopped at its time limit before finding a match; "
                     "try fewer, more distinctive words.")
         return f"recall {query!r}: no matches in the archive."
-    lines = [f"recall {query!r}: {len(hits)} match{'es' if len(hits) != 1 else ''}, best first"
-             + (" (the search stopped early at its time limit; more may match)." if stopped else ".")]
+    head = (f"recall {query!r}: {len(hits)} match{'es' if len(hits) != 1 else ''}, best first"
+            + ("; the search stopped early at its time limit, more may match" if stopped else "")
+            + ". Read a whole message with read_tool_result(call_id=...), or from a line with start_line.")
+    out = [head]
+    size = len(head)
     for rank, hit in enumerate(hits, 1):
-        where = "this session" if hit["session_id"] == session_id else f"session {hit['session_id']}"
-        call = _call_id(hit.get("body"))
-        lines.append(f"{rank}. [{where}, {str(hit['created_at'])[:16].replace('T', ' ')}, {hit['role']}"
-                     + (f", call_id={call}" if call else "") + f"] {hit['snippet']}")
-    text = "\n".join(lines)
-    return text if len(text) <= limit_chars else text[:limit_chars] + "\n(more matches cut)"
+        block = _hit_lines(rank, hit, session_id)
+        left = len(hits) - rank
+        tail = f"\n({left + 1} more match{'es' if left else ''} left out to fit; use more distinctive words)"
+        room = limit_chars - size - (len(tail) if left else 0)
+        kept: list[str] = []
+        used = 0
+        for line in block:
+            if used + len(line) + 1 > room:
+                break
+            kept.append(line)
+            used += len(line) + 1
+        if not kept:
+            if size + len(tail) <= limit_chars:
+                out.append(tail.lstrip("\n"))
+            break
+        out += kept
+        size += used
+    return "\n".join(out)[:limit_chars]
+
+
+def _hit_lines(rank: int, hit: dict[str, Any], session_id: str) -> list[str]:
+    where = "this session" if hit["session_id"] == session_id else f"session {hit['session_id']}"
+    handle = hit.get("handle") or _call_id(hit.get("body"))
+    count = hit.get("line_count")
+    header = (f"{rank}. [{where}, {str(hit['created_at'])[:16].replace('T', ' ')}, {hit['role']}"
+              + (f", {count} line{'s' if count != 1 else ''}" if count else "")
+              + (f', call_id="{handle}"' if handle else "") + "]")
+    lines = hit.get("lines")
+    if not lines:
+        return [header + (f" {hit['snippet']}" if hit.get("snippet") else "")]
+    return [header, *(f"   line {number}: {text}" for number, text in lines)]
 
 
 def _call_id(body: str | None) -> str | None:

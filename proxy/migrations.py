@@ -145,3 +145,21 @@ def m007_chunked_search_and_raw_responses(db: Database) -> None:
 def m009_response_truncated(db: Database) -> None:
     # An answer over upstream.max_response_bytes is relayed whole but archived as a prefix: say so.
     db.table("exchanges").add_column("response_truncated", int)
+
+
+@migrations()
+def m010_own_traffic_and_read_back(db: Database) -> None:
+    # messages.proxy: 1 for the proxy's own traffic and the rewritten copies forwarded upstream
+    # (summaries, injected blocks, internal calls and their results), 0 for the conversation. Such rows
+    # are neither indexed nor read back; rows from before this migration are NULL and are recognized by
+    # content when searched (proxy.archive_traffic).
+    db.table("messages").add_column("proxy", int)
+    # read_tool_result falls back to the archive: a tool message by its call id, per tenant. The index
+    # answers which rows hold a call's result without reading the rows (past a huge body).
+    db.table("messages").create_index(["tenant", "call_id", "session_id", "role", "proxy"])
+    # recall names the handle a hit's content was stored under (summaries, evicted results, observations).
+    db.table("tool_results").create_index(["tenant", "session_id", "content_hash"])
+    # The first line of each chunk of a multi-chunk message (JSON list; chunk rowids are consecutive from
+    # first_chunk), so a hit deep in a long result names its line number without reading what precedes.
+    db.execute("CREATE TABLE message_chunk_lines (message_id TEXT PRIMARY KEY, first_chunk INTEGER, "
+               "starts TEXT)")

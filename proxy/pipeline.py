@@ -22,7 +22,17 @@ from proxy.internal_tools import client_defines_internal_name, with_internal_too
 from proxy.layers import splices, window
 from proxy.layers.folded import add_episode, apply_distilled, distill, episode_from_messages
 from proxy.layers.folded import render as render_folded
-from proxy.layers.tool_results import Pending, pending_summaries, summarize_large
+from proxy.layers.observations import Observations, for_policy
+from proxy.layers.tool_results import (
+    EVICTED,
+    Pending,
+    calls_by_id,
+    maskable,
+    pending_summaries,
+    prune,
+    results,
+    summarize_large,
+)
 from proxy.layers.window import Evicted
 from proxy.layers.working_memory import WorkingMemory, observe_messages
 from proxy.pins import Pin, file_pins
@@ -89,14 +99,22 @@ def _run(conversation: Conversation, context: PipelineContext, state: SessionSta
     # A client tool named like one of ours: we cannot offer our tools, so replace and evict nothing.
     can_offer_tools = not client_defines_internal_name(conversation.tools)
     layer1 = policy.tool_results
+    observations = for_policy(tuple(layer1.observation_patterns), layer1.threshold_tokens)
     original = conversation.messages
-    messages = summarize_large(original, state, context.store, count, layer1.threshold_tokens,
+
+    def layer_one(messages: list[dict[str, Any]], force: bool = False) -> list[dict[str, Any]]:
+        return summarize_large(messages, state, context.store, count, layer1.threshold_tokens,
                                enabled=layer1.enabled and can_offer_tools,
                                tools_tokens=tokens.tools(conversation.tools, model),
-                               prepared=context.prepared)
+                               prepared=context.prepared, observations=observations, force=force)
+
+    messages = layer_one(original)
     evicted: list[Evicted] = []
     if policy.window.enabled and can_offer_tools:
-        original, messages, evicted = slide_window(original, messages, state, context, conversation)
+        original, messages, evicted = slide_window(original, messages, state, context, conversation,
+                                                   observations)
+        if evicted and state.pending:  # the batch re-bills the prefix anyway: waiting summaries go now
+            messages = layer_one(original, force=True)  # (masks, earlier summaries re-applied as recorded)
     if evicted and policy.folded.enabled and not policy.folded.summarizer_model:
         fold(evicted, state, context)  # with a model this happens in the background (see app)
     if policy.working_memory.enabled:
@@ -115,6 +133,7 @@ def _run(conversation: Conversation, context: PipelineContext, state: SessionSta
     if result.gate == budget.REFUSE or (policy.budget.enabled and result.window and
                                         budget.padded(total, policy.budget.pad_pct) >= result.window):
         refuse(conversation, context, result)
+    state.history_len = len(conversation.messages)
     return Outcome(result.messages, tools, changed=result.messages is not client.messages
                    or tools is not conversation.tools, tokens_before=before, tokens_after=total,
                    gate=result.gate, window=result.window, internal_tools=tools is not conversation.tools,
@@ -122,24 +141,75 @@ def _run(conversation: Conversation, context: PipelineContext, state: SessionSta
 
 
 def slide_window(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state: SessionState,
-                 context: PipelineContext,
-                 conversation: Conversation) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
+                 context: PipelineContext, conversation: Conversation,
+                 observations: Observations) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
                                                       list[Evicted]]:
-    """Layer 3: evict whole exchanges in batches; the auto-summary block stands in for them."""
+    """Layer 3: over the window's budget, mask old results first (placeholders naming their handles,
+    the conversation itself stays); only if that is not enough, evict whole exchanges. Both in batches
+    down to the low-water mark, so the cached prefix survives between batches."""
     policy, tokens, model = context.policy.policy, context.tokens, conversation.model
     budget_tokens = policy.window.max_tokens or math.floor(
         policy.window.max_pct * budget.window_for(policy, model))
+    low_water = math.floor(policy.window.low_water_pct * budget_tokens)
     summary_tokens = min(policy.summary.max_tokens, budget_tokens * 15 // 100)
     internal = with_internal_tools(None, read=True, recall=True) or []
+    fixed = tokens.tools([*(conversation.tools or []), *internal], model) + state.injected_tokens
+
+    def count(message: dict[str, Any]) -> int:
+        return tokens.message(message, model)
+
+    found = list(results(original, observations))
+    observed = frozenset(i for i, _ in found if original[i].get("role") == "user")
+    keep_recent = policy.tool_results.keep_recent
+    newest = found[-keep_recent:] if keep_recent else []
+    keep_from = window.turn_start(original, newest[0][0]) if newest else None
+
+    cut = window.sticky_cut(original, state, lambda t: tokens.text(t, model), context.now())
+    view = window.kept_view(original, cut, observed)
+    block = state.window.block_tokens if state.window.block else 0
+    total = fixed + block + sum(count(forwarded[i]) for i in view)
+    start = max(cut or 0, window.head_end(original))  # what the cut removes needs no mask
+    # Masking keeps the conversation and breaks the cache only from the first masked result on; but if it
+    # cannot reach the low-water mark, eviction follows soon anyway: then evict now, one break, not two.
+    if total > budget_tokens and policy.tool_results.enabled and total - maskable(
+            original, forwarded, state, count, keep_recent, start=start,
+            observations=observations) <= low_water:
+        forwarded, total = prune(original, forwarded, state, context.store, count, total, low_water,
+                                 keep_recent, start=start, observations=observations)
+
+    def keep(start: int, stop: int) -> dict[int, str]:
+        return keep_evicted(original, start, stop, found, state, context.store)
+
     original, forwarded, evicted = window.slide(
-        original, forwarded, state, lambda m: tokens.message(m, model), lambda t: tokens.text(t, model),
-        budget_tokens=budget_tokens, low_water_tokens=math.floor(policy.window.low_water_pct * budget_tokens),
-        summary_tokens=summary_tokens, summary=policy.summary.enabled,
-        fixed_tokens=tokens.tools([*(conversation.tools or []), *internal], model) + state.injected_tokens,
-        now=context.now())
+        original, forwarded, state, count, lambda t: tokens.text(t, model),
+        budget_tokens=budget_tokens, low_water_tokens=low_water, summary_tokens=summary_tokens,
+        summary=policy.summary.enabled, fixed_tokens=fixed, now=context.now(), observed=observed,
+        keep_from=keep_from, keep=keep, limit_tokens=math.floor(
+            min(policy.budget.prune_at_pct, policy.budget.soft_warn_at_pct) * budget.window_for(policy, model)
+            / (1 + policy.budget.pad_pct)) if policy.budget.enabled else None)
     if evicted:
         context.store.save_window(state)
     return original, forwarded, evicted
+
+
+def keep_evicted(original: list[dict[str, Any]], start: int, stop: int,
+                 found: list[tuple[int, tuple[str, str]]], state: SessionState,
+                 store: StateStore) -> dict[int, str]:
+    """Store every result an eviction takes out of the prompt, so read_tool_result returns it byte for
+    byte by the handle its headline names (results already replaced keep their handle)."""
+    handles: dict[int, str] = {}
+    calls: dict[str, tuple[str, str | None]] | None = None
+    for index, (call_id, content) in found:
+        if not start <= index < stop:
+            continue
+        stored = state.lookup(call_id, content)
+        if stored is None:
+            calls = calls if calls is not None else calls_by_id(original)
+            waiting = state.pending.pop((call_id, content), None)
+            stored = store.record(state, call_id, content, calls.get(call_id, (None, None))[0], "", EVICTED,
+                                  handle=waiting[0] if waiting else None)
+        handles[index] = stored.handle
+    return handles
 
 
 def assemble_blocks(original: list[dict[str, Any]], state: SessionState, context: PipelineContext,
@@ -153,7 +223,10 @@ def assemble_blocks(original: list[dict[str, Any]], state: SessionState, context
         return [Fragment("pinned", text, tokens.text(text, model), 1, HEAD, required=True)] if text else []
 
     def working_memory() -> list[Fragment]:
-        if not policy.working_memory.enabled:
+        # Until a result leaves the prompt (summarized, masked or evicted) every entity is in it verbatim:
+        # the block would only add tokens and move the cache boundary every turn.
+        if not policy.working_memory.enabled or (policy.working_memory.inject == "needed"
+                                                 and not state.internal_tools_offered):
             return []
         text = state.memory.render()
         return [Fragment("working_memory", text, tokens.text(text, model), 5, TAIL)] if text else []
@@ -211,7 +284,8 @@ def needs_model_summaries(conversation: Conversation, context: PipelineContext) 
         return []
     state = context.store.get(context.tenant, context.session.id)
     return pending_summaries(conversation.messages, state,
-                             lambda m: context.tokens.message(m, conversation.model), layer1.threshold_tokens)
+                             lambda m: context.tokens.message(m, conversation.model), layer1.threshold_tokens,
+                             for_policy(tuple(layer1.observation_patterns), layer1.threshold_tokens))
 
 
 def gate_round(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], tools: list[Any] | None,

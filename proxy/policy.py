@@ -34,6 +34,18 @@ class ToolResultsPolicy(_Section):
     summarizer_timeout_s: float = Field(20.0, gt=0)
     max_internal_rounds: int = Field(6, ge=1, le=50)
     read_page_chars: int = Field(24_000, ge=1000)
+    # Regexes marking user messages that are environment output (text-protocol agents), beside the
+    # built-in mini-swe-agent / SWE-agent / smolagents shapes; such messages are summarized like tool results.
+    observation_patterns: list[str] = []
+
+    @model_validator(mode="after")
+    def _observation_patterns_compile(self) -> ToolResultsPolicy:
+        for pattern in self.observation_patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"observation_patterns: {pattern!r} is not a valid regex: {exc}") from None
+        return self
 
 
 class BudgetPolicy(_Section):
@@ -81,6 +93,9 @@ class WorkingMemoryPolicy(_Section):
     max_entities: int = Field(10, gt=0)
     max_from_list: int = Field(3, gt=0)
     type_patterns: dict[str, str] = {}  # regex on the tool name -> entity type, tried in order
+    # needed: the block is injected once a result has left the prompt (before, every entity is in it
+    # verbatim, and a block that moves every turn costs cache); always: from the first entity on.
+    inject: Literal["needed", "always"] = "needed"
 
     @model_validator(mode="after")
     def _patterns_compile(self) -> WorkingMemoryPolicy:

@@ -4,7 +4,9 @@ internal tools. WAL lets it run beside the writer.
 Every thread gets its own read-only connection, so a state lookup never waits behind a search, and
 every search runs under a deadline (a progress handler interrupts it): it returns what it found, marked
 `truncated`, rather than holding a thread for as long as a pathological query takes. Text is indexed
-in ~4 KB chunks (see migration m007), so ranking and snippets cost a chunk's work per hit.
+in ~4 KB chunks (see migration m007), so ranking and a hit's matching lines cost a chunk's work per hit.
+Recall leaves out the proxy's own traffic and names a handle per hit (archive_recall); read-back of
+results the state store never recorded comes from the archived messages (archive_read_back).
 """
 
 from __future__ import annotations
@@ -21,14 +23,18 @@ from typing import Any
 import orjson
 from sqlite_utils import Database
 
+from proxy import archive_recall
 from proxy.archive_codec import loads, safe_text
 from proxy.archive_db import project_token, scope_token
+from proxy.archive_read_back import archived_result
+from proxy.archive_traffic import message_text
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 SEARCH_TIMEOUT = 2.0  # seconds per search / recall
 BODY_INLINE = 65536  # a hit carries its message's body up to this size; above, a small stand-in
 _PROGRESS_STEPS = 2000  # SQLite VM instructions between deadline checks
 _MMAP_BYTES = 256 * 1024 * 1024
+Row = dict[str, Any]
 
 
 def fts_query(text: str, *, any_term: bool = True) -> str:
@@ -64,6 +70,7 @@ class ArchiveReader:
         self._connections: dict[threading.Thread, sqlite3.Connection] = {}
         self._lock = threading.Lock()  # guards _connections only; queries never hold it
         self._closed = False
+        self._starts = archive_recall.ChunkStarts()
 
     # ------------------------------------------------------------------------------ connections
 
@@ -155,9 +162,10 @@ class ArchiveReader:
     def search(self, query: str, *, tenant: str | None = None, session_id: str | None = None,
                policy: str | None = None, exclude_session: str | None = None, limit: int = 10,
                deadline: float | None = None) -> SearchHits:
-        """BM25-ranked hits with snippets, at most one per message (its best chunk); every filter is
-        optional. Stops at `deadline` (time.monotonic(); default: now + search_timeout) and returns
-        what it has, with `truncated` set."""
+        """BM25-ranked hits, at most one per message (its best chunk), each with the lines of that chunk
+        holding query terms and the handle that reads the message back; never the proxy's own traffic.
+        Every filter is optional. Stops at `deadline` (time.monotonic(); default: now + search_timeout)
+        and returns what it has, with `truncated` set."""
         words = fts_query(query)
         if not words or limit <= 0:
             return SearchHits()
@@ -174,52 +182,98 @@ class ArchiveReader:
         if deadline is None:
             deadline = time.monotonic() + self.search_timeout
         wanted = {"tenant": tenant, "session_id": session_id, "policy": policy}
+
+        def in_scope(row: dict[str, Any]) -> bool:
+            # Checked again on the message itself: scope tokens are hashes.
+            return all(v is None or row[k] == safe_text(v) for k, v in wanted.items()) and (
+                exclude_session is None or row["session_id"] != safe_text(exclude_session))
+
+        asking = session_id if session_id is not None else exclude_session
         hits = SearchHits()
         with self._deadline(deadline) as conn:
             try:
-                for row in self._ranked(conn, match, limit):
-                    # Checked again on the message itself: scope tokens are hashes.
-                    if all(v is None or row[k] == safe_text(v) for k, v in wanted.items()) and (
-                            exclude_session is None or row["session_id"] != safe_text(exclude_session)):
-                        hits.append(_hit(row))
+                for row in self._ranked(conn, match, limit, in_scope, tenant, asking):
+                    hits.append(_hit(row))
             except sqlite3.OperationalError as exc:
                 if "interrupted" not in str(exc):
                     raise
                 hits.truncated = True
         return hits
 
-    def _ranked(self, conn: sqlite3.Connection, match: str, limit: int) -> list[dict[str, Any]]:
-        """The best chunk of each of the `limit` best messages, with its snippet and its message's row."""
-        # FTS5 ranks with its own sorter; a few spare rows absorb messages with several good chunks.
+    def _ranked(self, conn: sqlite3.Connection, match: str, limit: int, in_scope: Callable[[Row], bool],
+                tenant: str | None, asking: str | None) -> list[Row]:
+        """The best chunk of each of the `limit` best messages that are the conversation, with its
+        matching lines, handle and message row."""
+        # FTS5 ranks with its own sorter; spare rows absorb messages with several good chunks and rows
+        # the guard drops (the proxy's traffic, indexed before it was told apart; copies of a message).
         spare = limit * 4
         rows = conn.execute("select message_id, rowid, rank from message_chunks_fts where message_chunks_fts "
                             "match ? order by rank limit ?", [match, spare]).fetchall()
         best: dict[str, tuple[int, float]] = {}
         for message, chunk, rank in rows:
             best.setdefault(message, (chunk, rank))
-        if len(best) < limit and len(rows) == spare:  # one long document crowds the top: group per message
+        seen: dict[str, Row] = {}
+        found = self._accepted(conn, best, limit, in_scope, seen)
+        if len(found) < limit and len(rows) == spare:  # one long document crowds the top: group per message
             rows = conn.execute("select message_id, rowid, min(rank) as rank from message_chunks_fts "
                                 "where message_chunks_fts match ? group by message_id order by rank limit ?",
-                                [match, limit]).fetchall()
-            best = {message: (chunk, rank) for message, chunk, rank in rows}
-        best = dict(list(best.items())[:limit])
-        if not best:
+                                [match, spare]).fetchall()
+            found = self._accepted(conn, {m: (c, r) for m, c, r in rows}, limit, in_scope, seen)
+        if not found:
             return []
-        chunks = [chunk for chunk, _ in best.values()]
-        snippets = dict(conn.execute(
-            "select rowid, snippet(message_chunks_fts, 2, '[', ']', ' … ', 16) from message_chunks_fts "
-            f"where message_chunks_fts match ? and rowid in ({', '.join('?' * len(chunks))})",
-            [match, *chunks]))
-        cursor = conn.execute(
-            "select id, session_id, role, created_at, tenant, policy, call_id, size, "
-            f"case when size is null or size <= {BODY_INLINE} then body end as body from messages "
-            f"where id in ({', '.join('?' * len(best))})", list(best))
-        columns = [d[0] for d in cursor.description]
-        messages = {row[0]: dict(zip(columns, row, strict=True)) for row in cursor}
-        found = []
-        for message, (chunk, rank) in best.items():
-            if message in messages:
-                found.append(messages[message] | {"snippet": snippets.get(chunk), "rank": rank})
+        chunks = [row["chunk"] for row in found]
+        mark, end = archive_recall.MARK, archive_recall.END
+        marked = dict(conn.execute(
+            f"select rowid, highlight(message_chunks_fts, 2, '{mark}', '{end}') "
+            f"from message_chunks_fts where message_chunks_fts match ? "
+            f"and rowid in ({', '.join('?' * len(chunks))})", [match, *chunks]))
+        out = []
+        for row in found:
+            message = row.pop("message")
+            skip = archive_recall.skips_internal_lines(row, message)
+            first = archive_recall.chunk_start_line(conn, row["id"], row["chunk"], row["size"], self._starts)
+            edges = archive_recall.cut_edges(conn, row["id"], row["chunk"], row["size"])
+            lines = archive_recall.matching_lines(marked.get(row.pop("chunk")) or "", first,
+                                                  skip_internal_calls=skip, edges=edges)
+            if skip and not lines:
+                continue  # it matched on the internal calls only
+            row["lines"] = [[number, archive_recall.plain(text)] for number, text in lines]
+            row["snippet"] = archive_recall.bracketed(lines[0][1]) if lines else ""
+            row["line_count"] = message_text(message).count("\n") + 1 if message is not None else None
+            row["handle"] = archive_recall.hit_handle(conn, row, message, tenant, asking)
+            out.append(row)
+        return out
+
+    def _accepted(self, conn: sqlite3.Connection, best: dict[str, tuple[int, float]], limit: int,
+                  in_scope: Callable[[Row], bool], seen: dict[str, Row]) -> list[Row]:
+        """Candidates in rank order that pass the scope check and the guard, one per distinct message
+        (a message forwarded under another parent was archived again), at most `limit`."""
+        wanted = [m for m in best if m not in seen]
+        for start in range(0, len(wanted), 500):
+            part = wanted[start:start + 500]
+            cursor = conn.execute(
+                "select id, parent_id, session_id, role, created_at, tenant, policy, call_id, size, proxy, "
+                f"case when size is null or size <= {BODY_INLINE} then body end as body from messages "
+                f"where id in ({', '.join('?' * len(part))})", part)
+            columns = [d[0] for d in cursor.description]
+            for values in cursor:
+                fetched = dict(zip(columns, values, strict=True))
+                fetched["message"] = loads(fetched["body"]) if fetched["body"] is not None else None
+                seen[fetched["id"]] = fetched
+        found: list[Row] = []
+        copies: set[tuple[Any, ...]] = set()
+        for node, (chunk, rank) in best.items():
+            row = seen.get(node)
+            if row is None or not in_scope(row) or not archive_recall.keep(conn, row, row["message"]):
+                continue
+            text = message_text(row["message"]) if row["message"] is not None else None
+            copy = (row["session_id"], row["role"], row["call_id"], text if text is not None else row["size"])
+            if text != "" and copy in copies:  # (a body without text cannot tell copies apart)
+                continue
+            copies.add(copy)
+            found.append(row | {"chunk": chunk, "rank": rank})
+            if len(found) == limit:
+                break
         return found
 
     def recall(self, tenant: str, session_id: str, policy: str, query: str,
@@ -252,15 +306,21 @@ class ArchiveReader:
         return self._one("select * from tool_results where tenant = ? and handle = ? "
                          "order by created_at desc limit 1", [tenant, handle])
 
+    def archived_result(self, tenant: str, session_id: str | None, handle: str) -> dict[str, Any] | None:
+        """A message the model saw, by call id, `id#n` or `msg-...`, from the archive (this session, or
+        with None the tenant's newest session holding it). See proxy.archive_read_back."""
+        return archived_result(self.db.conn, tenant, session_id, handle)
+
     def session_memory(self, tenant: str, session_id: str, kind: str) -> dict[str, Any] | None:
         return self._one("select * from session_memory where tenant = ? and session_id = ? and kind = ?",
                          [tenant, session_id, kind])
 
 
-def _hit(row: dict[str, Any]) -> dict[str, Any]:
+def _hit(row: Row) -> Row:
     """The keys callers use; a huge message's body is replaced by a stand-in naming its call id."""
     call_id, size = row.pop("call_id"), row.pop("size")
-    del row["tenant"], row["policy"]
+    for key in ("tenant", "policy", "parent_id", "proxy"):
+        del row[key]
     if row["body"] is None:
         stand_in: dict[str, Any] = {"role": row["role"], "content": f"[{size} bytes, not included]"}
         if call_id and row["role"] == "tool":

@@ -56,6 +56,10 @@ class SessionState:
     by_handle: dict[str, StoredResult] = field(default_factory=dict)
     warned: set[str] = field(default_factory=set)
     kept: set[tuple[str, str]] = field(default_factory=set)  # over the threshold but summaries would not help
+    # Summaries made but not applied yet (they wait until offering the internal tools pays): key ->
+    # (handle, summary). Not persisted: recomputed identically after a restart.
+    pending: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
+    history_len: int = 0  # messages in the client's previous request (what the provider may have cached)
     window: WindowState = field(default_factory=WindowState)
     injected_tokens: int = 0  # injected blocks besides the auto-summary, as of the last request
     memory: WorkingMemory = field(default_factory=WorkingMemory)
@@ -77,10 +81,12 @@ class SessionState:
         return self.by_key.get((call_id, content))
 
     def new_handle(self, call_id: str) -> str:
-        if call_id not in self.by_handle:
+        """`call_id`, or `call_id#n` when the id is already taken (clients reuse ids)."""
+        taken = {handle for handle, _ in self.pending.values()} if self.pending else set()
+        if call_id not in self.by_handle and call_id not in taken:
             return call_id
         n = 2
-        while f"{call_id}#{n}" in self.by_handle:
+        while f"{call_id}#{n}" in self.by_handle or f"{call_id}#{n}" in taken:
             n += 1
         return f"{call_id}#{n}"
 
@@ -98,6 +104,11 @@ class Lookup(Protocol):
     def session_window(self, tenant: str, session_id: str) -> dict[str, Any] | None: ...
 
     def session_memory(self, tenant: str, session_id: str, kind: str) -> dict[str, Any] | None: ...
+
+    def archived_result(self, tenant: str, session_id: str | None, handle: str) -> dict[str, Any] | None:
+        """A message the model saw, from the archive, by call id, `id#n` or `msg-...`: in `session_id`,
+        or (None) the tenant's newest session holding it. Keys: handle, call_id, content, tool_name."""
+        ...
 
 
 def _result_size(stored: StoredResult) -> int:
@@ -209,11 +220,13 @@ class StateStore:
             self._persist(row)
 
     def record(self, state: SessionState, call_id: str, content: str, tool_name: str | None,
-               replacement: str, kind: str) -> StoredResult:
-        """Remember (or update) the replacement of one tool result and persist it with its original."""
+               replacement: str, kind: str, handle: str | None = None) -> StoredResult:
+        """Remember (or update) the replacement of one tool result and persist it with its original.
+        `handle`: the one the replacement text already names (else a new one)."""
         stored = state.lookup(call_id, content)
         if stored is None:
-            stored = StoredResult(state.new_handle(call_id), call_id, content, tool_name, replacement, kind)
+            stored = StoredResult(handle or state.new_handle(call_id), call_id, content, tool_name,
+                                  replacement, kind)
             state.by_key[(call_id, content)] = stored
             state.by_handle[stored.handle] = stored
             self.grow(state, _result_size(stored))
@@ -241,14 +254,28 @@ class StateStore:
             "data": data if isinstance(data, str) else orjson.dumps(data).decode(), "updated_at": utc_now()}))
 
     def find(self, tenant: str, session_id: str, handle: str) -> StoredResult | None:
-        """A stored original by handle: this session first, then the tenant's other live sessions."""
+        """A stored original by handle, for this tenant only: what this session recorded (summarized,
+        masked, evicted), then what this session's archived messages hold (any result it was sent, kind
+        "archived"), then the tenant's other sessions in the same order."""
         own = self.get(tenant, session_id).by_handle.get(handle)
         if own is not None:
             return own
+        archived = self._archived(tenant, session_id, handle)
+        if archived is not None:
+            return archived
         with self._lock:
             others = [s for (t, _), s in self._sessions.items() if t == tenant]
         for state in others:
             if handle in state.by_handle:
                 return state.by_handle[handle]
         row = self._lookup.tool_result_by_handle(tenant, handle) if self._lookup else None
-        return _from_row(row) if row else None
+        return _from_row(row) if row else self._archived(tenant, None, handle)
+
+    def _archived(self, tenant: str, session_id: str | None, handle: str) -> StoredResult | None:
+        # getattr: a Lookup written before read-back from the archive existed simply has none.
+        archived = getattr(self._lookup, "archived_result", None)
+        found = archived(tenant, session_id, handle) if archived is not None else None
+        if found is None:
+            return None
+        return StoredResult(found["handle"], found["call_id"], found["content"], found.get("tool_name"), "",
+                            "archived")

@@ -27,7 +27,7 @@ def call(call_id: str, name: str, arguments: dict) -> dict:
 
 def test_working_memory_block_names_recent_entities_before_the_last_user_message(make_proxy, fake_upstream):
     proxy = make_proxy()
-    (proxy.policies_dir / "wm.yaml").write_text("working_memory:\n  enabled: true\n")
+    (proxy.policies_dir / "wm.yaml").write_text("working_memory:\n  enabled: true\n  inject: always\n")
     messages = [
         {"role": "system", "content": "You edit a website."},
         {"role": "user", "content": "Show me the pages."},

@@ -66,10 +66,15 @@ def test_recall_over_a_huge_document_gives_one_hit_per_message(archive):
     big = hits[0]
     assert big["session_id"] == "big" and big["role"] == "tool"  # this session first
     assert "[timeout]" in big["snippet"] and len(big["snippet"]) < 1000  # one chunk's snippet
-    assert set(big) == {"id", "session_id", "role", "created_at", "body", "snippet", "rank"}
+    assert set(big) == {"id", "session_id", "role", "created_at", "body", "snippet", "rank", "lines",
+                        "line_count", "handle"}
+    # The lines holding the term, numbered as read_tool_result numbers the original's lines.
+    original = log_text().split("\n")
+    assert big["handle"] == "call_big" and 1 <= len(big["lines"]) <= 3
+    assert all(original[number - 1] == text for number, text in big["lines"])
     # The 8 MB body is not carried around: a stand-in names the call to read it with.
     assert len(big["body"]) < 1000 and orjson.loads(big["body"])["tool_call_id"] == "call_big"
-    assert "call_id=call_big" in format_hits("timeout", hits, "big", 10_000)
+    assert 'call_id="call_big"' in format_hits("timeout", hits, "big", 10_000)
     assert {hit["session_id"] for hit in hits[1:]} == {"other"}
     reader.close()
 

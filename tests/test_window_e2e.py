@@ -11,7 +11,8 @@ import pytest
 
 from tests.servers import Seen, Step, stream_chunks
 
-WINDOW_POLICY = "budget:\n  max_input_tokens: 16000\n"
+# A small window budget: old results are masked first, so only a tight budget evicts whole exchanges.
+WINDOW_POLICY = "budget:\n  max_input_tokens: 16000\nwindow:\n  max_tokens: 3000\n"
 SECRET = "the staging deploy key is KX-7731-ALPHA"
 
 
@@ -91,7 +92,7 @@ def evict_the_secret(proxy, fake_upstream) -> list[dict]:
     for end in range(8, len(messages) + 1, 4):  # the agent's requests as the session grew
         assert post(proxy, messages[:end]).status_code == 200
     last = fake_upstream.chat_requests[-1].json()["messages"]
-    assert "KX-7731" not in orjson.dumps(last).decode(), "the fact should have left the conversation"
+    assert not any(m.get("tool_call_id") == "call_cfg" for m in last), "the fact should have left"
     proxy.flush()  # what was evicted was archived long ago in a real session
     fake_upstream.reset()
     return messages

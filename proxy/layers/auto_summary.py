@@ -1,20 +1,45 @@
 """The auto-summary block: one headline per evicted exchange, grouped by age, within a token budget.
 
-Rendered only when a batch is evicted and then repeated byte for byte, so it never breaks the prompt
-cache between batches. Deterministic: the same evictions at the same times give the same block.
+A headline is an index entry: the user's own words verbatim (`said`), what was done with its key
+arguments (a tool call's name and ids/paths/command, or the command a text-protocol agent ran), the ids,
+paths and error lines each result produced, and the handle that reads the result back. Rendered only when
+a batch is evicted and then repeated byte for byte, so it never breaks the prompt cache between batches.
+Deterministic: the same evictions at the same times give the same block.
 """
 
 from __future__ import annotations
 
+import contextlib
+import re
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-Count = Callable[[dict[str, Any]], int]
+import orjson
 
-SNIPPET = 110
+from proxy.layers.identifiers import clip, error_lines, id_key, id_values, ids_and_paths, json_strings
+
+Count = Callable[[dict[str, Any]], int]
+Observation = Callable[[dict[str, Any]], bool]
+
+SNIPPET = 110  # `asked` and `outcome`
+SAID_CHARS = 2_000  # the user's own words, kept whole up to here
+DO_CHARS = 160  # one action with its arguments (full detail)
+DO_SHORT_CHARS = 70  # the same once the entry has shed its details
+VALUE_CHARS = 60  # one argument value
+FOUND_PER_STEP = 8
+ERRORS_PER_STEP = 2
+ERROR_CHARS = 120
+MAX_PARSE_CHARS = 200_000
+# Arguments that say what a call acted on, shown first (ids come next, by key shape).
+KEY_ARGS = ("command", "cmd", "path", "file_path", "filepath", "file", "filename", "paths", "dir",
+            "directory", "url", "query", "q", "pattern", "regex", "search", "name", "symbol", "code")
+_FENCE = re.compile(r"```[ \t]*[\w+-]*[ \t]*\n(.*?)```", re.DOTALL)
+_RETURNCODE = re.compile(r"^\s*<returncode>\s*(-?\d+)\s*</returncode>")
+_SWE_TRAILER = re.compile(r"\n*\(Open file: [^\n]*\)\n\(Current directory: [^\n]*\)\n?\S*\$?\s*$")
+_OUTPUT_TAGS = re.compile(r"</?(?:output|returncode|warning)>")
 
 
 @dataclass
@@ -25,33 +50,134 @@ class Headline:
     outcome: str
     tokens: int
     model_line: str | None = None  # written later by summary.summarizer_model, used from the next batch
+    said: str = ""  # the user's own words (not an observation), verbatim up to SAID_CHARS
+    # One step a call or command: {"do": "name(args)", "found": [ids, paths], "errors": [lines],
+    # "handle": read-back handle or ""}; plain JSON so the state store saves it with asdict.
+    steps: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and
+                         isinstance(p.get("text"), str))
+    return content if isinstance(content, str) else ""
 
 
 def _first_line(text: Any) -> str:
-    if isinstance(text, list):
-        text = " ".join(p.get("text", "") for p in text if isinstance(p, dict))
-    if not isinstance(text, str):
-        return ""
-    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
-    return line if len(line) <= SNIPPET else line[:SNIPPET - 1] + "…"
+    line = next((ln.strip() for ln in _text(text).splitlines() if ln.strip()), "")
+    return clip(line, SNIPPET)
 
 
-def headline(messages: list[dict[str, Any]], at: float, count: Count) -> Headline:
-    """What was asked, which tools ran, how it ended, and its size."""
-    asked = _first_line(messages[0].get("content")) if messages[0].get("role") == "user" else "(continued)"
+def _value(value: Any) -> str:
+    if isinstance(value, str):
+        return clip(value, VALUE_CHARS)
+    try:
+        return clip(orjson.dumps(value).decode(), VALUE_CHARS)
+    except TypeError:  # nested deeper than orjson serializes (hostile arguments)
+        return "…"
+
+
+def _arguments(raw: Any) -> str:
+    """`key=value` pairs, those that say what was acted on first (command, path, ids), then the rest."""
+    if isinstance(raw, str):
+        try:
+            parsed = orjson.loads(raw) if len(raw) <= MAX_PARSE_CHARS else raw
+        except orjson.JSONDecodeError:
+            parsed = raw
+    else:
+        parsed = raw
+    if not isinstance(parsed, dict):
+        return _value(parsed) if parsed not in (None, "", {}) else ""
+    keys = [k for k in parsed if isinstance(k, str)]
+    first = [k for k in KEY_ARGS if k in parsed] + [k for k in keys if k not in KEY_ARGS and id_key(k)]
+    ordered = first + [k for k in keys if k not in first]
+    return ", ".join(f"{k}={_value(parsed[k])}" for k in ordered[:12])
+
+
+def _command(text: str) -> str | None:
+    """The command a text-protocol agent ran: its last fenced block (first line, `+N lines` for more)."""
+    blocks = _FENCE.findall(text)
+    if not blocks:
+        return None
+    lines = [ln for ln in blocks[-1].strip().splitlines() if ln.strip()]
+    if not lines:
+        return None
+    more = f" (+{len(lines) - 1} lines)" if len(lines) > 1 else ""
+    return "$ " + lines[0].strip() + more
+
+
+def _result_details(content: str, shown: str) -> tuple[list[str], list[str]]:
+    """Ids, paths and error lines in a result, leaving out what the step already names."""
+    text = _SWE_TRAILER.sub("", content)
+    errors: list[str] = []
+    if (code := _RETURNCODE.match(text)) and code.group(1) != "0":
+        errors.append(f"returncode {code.group(1)}")
+    text = _OUTPUT_TAGS.sub(" ", _RETURNCODE.sub("", text, count=1))
+    found: list[str] = []
+    stripped, values = text.strip(), text
+    if stripped[:1] in ("[", "{") and len(stripped) <= MAX_PARSE_CHARS:
+        with contextlib.suppress(orjson.JSONDecodeError):  # ids by key shape: `"item_id": 6117189161`
+            parsed = orjson.loads(stripped)
+            found, values = id_values(parsed, FOUND_PER_STEP * 2), json_strings(parsed)
+    for token in ids_and_paths(values, FOUND_PER_STEP * 2):
+        if token not in found:
+            found.append(token)
+    found = [token for token in found if token not in shown][:FOUND_PER_STEP]
+    errors += error_lines(text, ERRORS_PER_STEP, ERROR_CHARS)
+    return found, errors[:ERRORS_PER_STEP]
+
+
+def headline(messages: list[dict[str, Any]], at: float, count: Count, *,
+             handles: Mapping[int, str] | None = None, observation: Observation | None = None) -> Headline:
+    """What the user said, what was done (with its arguments), what each result produced and the handle
+    that reads it back, how it ended, and its size. `handles` maps an index in `messages` to the handle
+    `read_tool_result` takes; `observation(message)` says a user message is environment output."""
+    handles = handles or {}
+    first = messages[0] if messages else {}
+    said = ""
+    if first.get("role") == "user" and not (observation and observation(first)):
+        text = _text(first.get("content")).strip()
+        said = text if len(text) <= SAID_CHARS else clip(text, SAID_CHARS)
     calls: Counter[str] = Counter()
+    steps: list[dict[str, Any]] = []
+    by_call: dict[str, dict[str, Any]] = {}
+    open_command: dict[str, Any] | None = None
     outcome = ""
-    for message in messages:
-        for call in message.get("tool_calls") or ():
-            if isinstance(call, dict):
-                calls[str((call.get("function") or {}).get("name") or "?")] += 1
-        if message.get("role") == "assistant" and _first_line(message.get("content")):
-            outcome = _first_line(message.get("content"))
+    for index, message in enumerate(messages):
+        role = message.get("role")
+        if role == "assistant":
+            for call in message.get("tool_calls") or ():
+                function = (call.get("function") or {}) if isinstance(call, dict) else {}
+                name = str(function.get("name") or "?")
+                calls[name] += 1
+                arguments = _arguments(function.get("arguments"))
+                step = {"do": clip(f"{name}({arguments})", DO_CHARS), "found": [], "errors": [], "handle": ""}
+                steps.append(step)
+                if isinstance(call, dict) and isinstance(call.get("id"), str):
+                    by_call[call["id"]] = step
+            command = None if message.get("tool_calls") else _command(_text(message.get("content")))
+            if command:
+                open_command = {"do": clip(command, DO_CHARS), "found": [], "errors": [], "handle": ""}
+                steps.append(open_command)
+            if not command and (line := _first_line(message.get("content"))):
+                outcome = line  # the last reply in words: how the exchange ended
+        elif role == "tool" or (role == "user" and observation and observation(message)):
+            target = by_call.get(str(message.get("tool_call_id"))) if role == "tool" else open_command
+            if target is None or target["handle"] or target["found"] or target["errors"]:
+                target = {"do": "(output)" if role == "user" else "(result)", "found": [], "errors": [],
+                          "handle": ""}
+                steps.append(target)
+            if role == "user":
+                open_command = None
+            target["found"], target["errors"] = _result_details(_text(message.get("content")), target["do"])
+            target["handle"] = handles.get(index, "")
+    asked = _first_line(said) if said else clip(steps[0]["do"], SNIPPET) if steps else "(continued)"
     tools = ", ".join(f"{name} x{n}" if n > 1 else name for name, n in calls.items())
-    return Headline(at, asked, tools, outcome, sum(count(m) for m in messages))
+    return Headline(at, asked, tools, outcome, sum(count(m) for m in messages), said=said, steps=steps)
 
 
 AGE_LABELS = ("Earlier in this session", "Yesterday", "This week", "Older")
+FULL, BRIEF, BARE = 2, 1, 0  # detail levels an entry sheds, oldest first, to fit the budget
 
 
 def _age_label(at: float, now: float) -> str:
@@ -66,60 +192,95 @@ def _age_label(at: float, now: float) -> str:
     return "Older"
 
 
-def _line(entry: Headline, full: bool) -> str:
-    when = datetime.fromtimestamp(entry.at, UTC).strftime("%a %H:%M")
-    size = f"~{entry.tokens / 1000:.1f}k tokens" if entry.tokens >= 1000 else f"~{entry.tokens} tokens"
-    if full and entry.model_line:
-        return f"- ({when}, {size}) {entry.model_line}"
-    text = f"- ({when}, {size}) {entry.asked or '(no text)'}"
-    if full and entry.tools:
-        text += f" · tools: {entry.tools}"
-    if full and entry.outcome:
-        text += f" → {entry.outcome}"
+def _step(step: Any, level: int) -> str:
+    if not isinstance(step, dict):
+        return ""
+    text = str(step.get("do") or "")
+    text = text if level == FULL else clip(text, DO_SHORT_CHARS)
+    if level == FULL:
+        found = [str(f) for f in step.get("found") or () if f]
+        errors = [str(e) for e in step.get("errors") or () if e]
+        if found:
+            text += " → " + ", ".join(found)
+        if errors:
+            text += " ! " + " | ".join(errors)
+    if step.get("handle"):
+        text += f" [call_id={step['handle']}]"
     return text
 
 
+def _line(entry: Headline, level: int) -> str:
+    when = datetime.fromtimestamp(entry.at, UTC).strftime("%a %H:%M")
+    size = f"~{entry.tokens / 1000:.1f}k tokens" if entry.tokens >= 1000 else f"~{entry.tokens} tokens"
+    said = getattr(entry, "said", "") or ""
+    parts = [f"user said: {orjson.dumps(said).decode()}" if said else (entry.asked or "(no text)")]
+    steps = getattr(entry, "steps", None) or []
+    if level >= BRIEF and entry.model_line:
+        parts = [*parts[:1 if said else 0], entry.model_line]
+        parts += [f"[call_id={s['handle']}]" for s in steps if isinstance(s, dict) and s.get("handle")]
+    elif level >= BRIEF and steps:
+        shown = [text for step in steps if (text := _step(step, level))]
+        first = steps[0].get("do") if isinstance(steps[0], dict) else None
+        # without the user's words, `asked` is the first action: the steps say it already
+        parts = [*parts, *shown] if said or clip(str(first), SNIPPET) != entry.asked else shown
+    elif level >= BRIEF and entry.tools:
+        parts.append(f"tools: {entry.tools}")
+    elif entry.model_line:  # bare: the model's line, short, still beats the first action
+        parts = [*parts[:1 if said else 0], clip(entry.model_line, SNIPPET)]
+    if level == FULL and entry.outcome and not entry.model_line:
+        parts.append(f"→ {entry.outcome}")
+    return f"- ({when}, {size}) " + " · ".join(parts)
+
+
 def render(entries: list[Headline], now: float, max_tokens: int, count_text: Callable[[str], int]) -> str:
-    """The block's text. Oldest entries lose their details first, then are dropped (and counted).
+    """The block's text. Older entries shed their details first (full → brief → the user's words or what
+    was asked), then are dropped and counted: entries without the user's words before those with them.
 
     Line costs are measured once; the block is composed once, then checked (and trimmed if the
     estimate was off by a few tokens).
     """
     total_tokens = sum(e.tokens for e in entries)
-    full_cost = [count_text(_line(e, True)) + 1 for e in entries]
-    short_cost = [count_text(_line(e, False)) + 1 for e in entries]
+    cost = [[count_text(_line(e, level)) + 1 for level in (BARE, BRIEF, FULL)] for e in entries]
     frame = count_text(_compose([], [], 1, total_tokens, len(entries), now)) + 8 * len(AGE_LABELS)
-    detailed = [True] * len(entries)
-    cost = sum(full_cost)
-    for index in range(len(entries) - 1):  # the newest keeps its details longest
-        if frame + cost <= max_tokens:
+    levels = [FULL] * len(entries)
+    total = frame + sum(c[FULL] for c in cost)
+    for target in (BRIEF, BARE):
+        for index in range(len(entries) - 1):  # the newest keeps its details longest
+            if total <= max_tokens:
+                break
+            if levels[index] > target:
+                total -= cost[index][levels[index]] - cost[index][target]
+                levels[index] = target
+    order = [i for i, e in enumerate(entries) if not e.said] + [i for i, e in enumerate(entries) if e.said]
+    dropped: set[int] = set()
+    for index in order:
+        if total <= max_tokens:
             break
-        detailed[index] = False
-        cost -= full_cost[index] - short_cost[index]
-    dropped = 0
-    while dropped < len(entries) and frame + cost > max_tokens:
-        cost -= full_cost[dropped] if detailed[dropped] else short_cost[dropped]
-        dropped += 1
+        dropped.add(index)
+        total -= cost[index][levels[index]]
     while True:
-        text = _compose(entries[dropped:], detailed[dropped:], dropped, total_tokens, len(entries), now)
-        if dropped >= len(entries) or count_text(text) <= max_tokens:
+        kept = [i for i in range(len(entries)) if i not in dropped]
+        text = _compose([entries[i] for i in kept], [levels[i] for i in kept], len(dropped), total_tokens,
+                        len(entries), now)
+        if not kept or count_text(text) <= max_tokens:
             return text
-        dropped += 1
+        dropped.add(next(i for i in order if i not in dropped))
 
 
-def _compose(entries: list[Headline], full: list[bool], dropped: int, total_tokens: int, total: int,
+def _compose(entries: list[Headline], levels: list[int], dropped: int, total_tokens: int, total: int,
              now: float) -> str:
     lines = [f"[ctxproxy auto-summary: {total} earlier exchange{'s' if total != 1 else ''} "
              f"(~{total_tokens} tokens) left this conversation to keep it within the context window. "
-             "Headlines only; their full text is searchable with the recall tool.]"]
+             "One line each: the user's words, what was done (→ ids and paths it produced, ! errors), "
+             "and the call_id that read_tool_result returns it by; recall searches the full text.]"]
     if dropped:
         lines.append(f"- ({dropped} older exchange{'s' if dropped != 1 else ''} not listed)")
     label = None
-    for entry, detailed in zip(entries, full, strict=True):
+    for entry, level in zip(entries, levels, strict=True):
         age = _age_label(entry.at, now)
         if age != label:
             lines.append(f"## {age}")
             label = age
-        lines.append(_line(entry, detailed))
+        lines.append(_line(entry, level))
     lines.append("Older history is available via recall(query).")
     return "\n".join(lines)

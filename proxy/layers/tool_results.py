@@ -6,25 +6,17 @@ on every later request, so the forwarded prefix stays byte-stable for prompt cac
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from proxy import heavy
+from proxy.layers.observations import Observations, handle_for, task_end
 from proxy.state import SessionState, StateStore
 from proxy.summarize import gist, summarize
 
 SUMMARY = "summary"
 PLACEHOLDER = "placeholder"
-
-
-def tool_names_by_call(messages: list[dict[str, Any]]) -> dict[str, str]:
-    names: dict[str, str] = {}
-    for message in messages:
-        for call in message.get("tool_calls") or ():
-            if isinstance(call, dict) and isinstance(call.get("id"), str):
-                function = call.get("function") or {}
-                names[call["id"]] = str(function.get("name") or "")
-    return names
+EVICTED = "evicted"  # left the prompt with its exchange; stored only to be read back
 
 
 def summary_text(handle: str, tool: str | None, content: str, original_tokens: int,
@@ -36,7 +28,11 @@ def summary_text(handle: str, tool: str | None, content: str, original_tokens: i
     return (f"[ctxproxy summary of tool result call_id={handle}{label}: original {original_tokens} tokens, "
             f"{lines} lines. This is a summary, not the output. Get the exact original with "
             f'read_tool_result(call_id="{handle}"), or a range with start_line/end_line.]\n'
-            f"{body if body is not None else heavy.call(summarize, content, tool_name=tool, arguments=arguments)}")
+            f"{body if body is not None else _body(content, tool, arguments)}")
+
+
+def _body(content: str, tool: str | None, arguments: str | None) -> str:
+    return heavy.call(summarize, content, tool_name=tool, arguments=arguments)
 
 
 def replacement(handle: str, tool: str | None, content: str, count_text: Callable[[str], int],
@@ -52,103 +48,195 @@ def placeholder_text(handle: str, content: str, original_tokens: int) -> str:
     return f"[summarized: call_id={handle}] {gist(content)}; {original_tokens} tokens via read_tool_result"
 
 
+def results(messages: list[dict[str, Any]], observations: Observations | None,
+            start: int = 0) -> Iterator[tuple[int, tuple[str, str]]]:
+    """(index, (call id, content)) of every tool result, and of every observation a text-protocol agent
+    sent as a user message after the task (its call id derived from its content)."""
+    first_free = task_end(messages) if observations is not None else len(messages)
+    for index in range(start, len(messages)):
+        message = messages[index]
+        content = message.get("content")
+        if not isinstance(content, str):
+            continue
+        role = message.get("role")
+        if role == "tool":
+            yield index, (str(message.get("tool_call_id") or ""), content)
+        elif role == "user" and observations is not None and index >= first_free \
+                and observations.is_observation(message) and content:
+            yield index, (handle_for(content), content)
+
+
+def calls_by_id(messages: list[dict[str, Any]]) -> dict[str, tuple[str, str | None]]:
+    """call id -> (tool name, JSON arguments) of every assistant tool call."""
+    found: dict[str, tuple[str, str | None]] = {}
+    for message in messages:
+        for call in message.get("tool_calls") or ():
+            if isinstance(call, dict) and isinstance(call.get("id"), str):
+                function = call.get("function") or {}
+                arguments = function.get("arguments")
+                found[call["id"]] = (str(function.get("name") or ""),
+                                     arguments if isinstance(arguments, str) else None)
+    return found
+
+
+Waiting = tuple[int, tuple[str, str], tuple[str, str], str | None]  # index, key, (handle, summary), tool
+
+
 def summarize_large(messages: list[dict[str, Any]], state: SessionState, store: StateStore,
                     count: Callable[[dict[str, Any]], int], threshold_tokens: int,
                     enabled: bool, tools_tokens: int = 0,
-                    prepared: dict[tuple[str, str], str] | None = None) -> list[dict[str, Any]]:
-    """Re-apply every earlier decision, and summarize new tool results over the threshold.
+                    prepared: dict[tuple[str, str], str] | None = None,
+                    observations: Observations | None = None, force: bool = False) -> list[dict[str, Any]]:
+    """Re-apply every earlier decision, and summarize large results when it pays.
 
-    `tools_tokens` (the client's tools schema) is part of the cached prefix a first summary invalidates.
+    A result sent verbatim before is in the provider's cache: replacing it later re-bills everything after
+    it. And until the session's first replacement the internal tools are not offered; offering them
+    changes the tools list, which leads the prompt, so every cached token is billed again once. So a
+    summary (computed once, kept in `state.pending`) waits until it pays: a new result is replaced at once
+    when the tools are offered already; the first replacement waits until the summaries together save
+    more than re-billing costs; older ones wait for the next eviction batch (`force`), which re-bills
+    the prefix anyway. `tools_tokens` is the client's tools schema.
     """
-    names: dict[str, str] | None = None
     out = messages
-    for index, message in enumerate(messages):
-        if message.get("role") != "tool" or not isinstance(message.get("content"), str):
-            continue
-        call_id = str(message.get("tool_call_id") or "")
-        content = message["content"]
-        stored = state.lookup(call_id, content)
+    waiting: list[Waiting] = []
+    calls: dict[str, tuple[str, str | None]] | None = None
+    for index, key in results(messages, observations):
+        stored = state.lookup(*key)
         if stored is None:
-            if not enabled or (call_id, content) in state.kept or count(message) <= threshold_tokens:
+            message = messages[index]
+            if not enabled or key in state.kept or count(message) <= threshold_tokens:
                 continue
-            if names is None:
-                names = tool_names_by_call(messages)
-            tool = names.get(call_id)
-            handle = state.new_handle(call_id)
-            body = (prepared or {}).get((call_id, content))
-            summary = summary_text(handle, tool, content, count(message), body)
-            saved = count(message) - count({**message, "content": summary})
-            if saved * 2 < count(message) or not _worth_first_summary(state, messages, index, saved, count,
-                                                                      tools_tokens):
-                state.kept.add((call_id, content))  # not worth a replacement; decided once, sticky
-                continue
-            stored = store.record(state, call_id, content, tool, summary, SUMMARY)
+            waiting_summary = state.pending.get(key)
+            if waiting_summary is None:
+                if calls is None:
+                    calls = calls_by_id(messages)
+                tool, arguments = calls.get(key[0], (None, None)) if message.get("role") == "tool" \
+                    else (None, None)
+                handle = state.new_handle(key[0])
+                summary = _summary_for(handle, key, message, count, tool, arguments, prepared)
+                if summary is None:
+                    state.kept.add(key)  # not clearly smaller: decided once, sticky
+                    continue
+                waiting_summary = state.pending[key] = (handle, summary)
+            tool_name = calls.get(key[0], (None, None))[0] if calls else None
+            waiting.append((index, key, waiting_summary, tool_name))
+            continue
+        if stored.kind == EVICTED:
+            continue  # kept for read-back only; its message is out of the prompt
         if out is messages:
             out = list(messages)
-        out[index] = {**message, "content": stored.replacement}
+        out[index] = {**messages[index], "content": stored.replacement}
+    new_from = state.history_len  # results from here on were not sent before: no cached copy to lose
+    if force or (not state.internal_tools_offered and _pays_off(messages, waiting, count, tools_tokens,
+                                                                 new_from)):
+        apply = waiting
+    else:  # an older one waits for the next batch that re-bills the prefix anyway (an eviction)
+        apply = [w for w in waiting if w[0] >= new_from] if state.internal_tools_offered else []
+    for index, key, (handle, summary), tool in apply:
+        state.pending.pop(key, None)  # (the same result may occur twice: one decision for both)
+        stored = state.lookup(*key) or store.record(state, key[0], key[1], tool, summary, SUMMARY,
+                                                    handle=handle)
+        if out is messages:
+            out = list(messages)
+        out[index] = {**messages[index], "content": stored.replacement}
     return out
 
 
-# The first summary of a session adds read_tool_result to the tools list, which leads the prompt: every
-# cached token before it is billed again once. Assume the saving also counts on a few later turns.
-FIRST_SUMMARY_LATER_TURNS = 2
+def _summary_for(handle: str, key: tuple[str, str], message: dict[str, Any],
+                 count: Callable[[dict[str, Any]], int], tool: str | None, arguments: str | None,
+                 prepared: dict[tuple[str, str], str] | None) -> str | None:
+    """The labelled summary, or None when it would not be at most half the original."""
+    original = count(message)
+    summary = summary_text(handle, tool, key[1], original, (prepared or {}).get(key), arguments)
+    return summary if count({**message, "content": summary}) * 2 <= original else None
+
+
+# Later turns are estimated from the turns so far (a session that ran N turns is likely to run N more).
 CACHED_SHARE_LOST = 0.9
+MIN_LATER_TURNS, MAX_LATER_TURNS = 2, 30
 
 
-def _worth_first_summary(state: SessionState, messages: list[dict[str, Any]], index: int, saved: int,
-                         count: Callable[[dict[str, Any]], int], tools_tokens: int) -> bool:
-    if state.by_handle:
-        return True  # the tool is already offered: nothing more to invalidate
-    prefix = tools_tokens + sum(count(m) for m in messages[:index])
-    return saved * (1 + 0.1 * FIRST_SUMMARY_LATER_TURNS) >= CACHED_SHARE_LOST * prefix
+def _pays_off(messages: list[dict[str, Any]], waiting: list[Waiting], count: Callable[[dict[str, Any]], int],
+              tools_tokens: int, new_from: int) -> bool:
+    """Offering the tools re-bills the cached prefix (~10x its cached price, once). A summary saves its
+    tokens at full price on this request if its result is new, and a tenth of them on every later one."""
+    turns = sum(1 for m in messages if m.get("role") == "assistant")
+    later = min(max(turns, MIN_LATER_TURNS), MAX_LATER_TURNS)
+    benefit = 0.0
+    for index, _, (_, summary), _ in waiting:
+        saved = count(messages[index]) - count({**messages[index], "content": summary})
+        benefit += saved * ((1.0 if index >= new_from else 0.0) + 0.1 * later)
+    cached = (tools_tokens + sum(count(m) for m in messages[:new_from])) if new_from else 0
+    return benefit >= CACHED_SHARE_LOST * cached
 
 
 Pending = list[tuple[str, str, str | None]]  # (call_id, content, tool name)
 
 
 def pending_summaries(messages: list[dict[str, Any]], state: SessionState,
-                      count: Callable[[dict[str, Any]], int], threshold_tokens: int) -> Pending:
-    """Tool results that would be summarized now and have no decision yet: (call_id, content, tool)."""
-    found, names = [], None
-    for message in messages:
-        if message.get("role") != "tool" or not isinstance(message.get("content"), str):
+                      count: Callable[[dict[str, Any]], int], threshold_tokens: int,
+                      observations: Observations | None = None) -> Pending:
+    """Results that would be summarized now and have no decision yet: (call_id, content, tool)."""
+    found: Pending = []
+    calls: dict[str, tuple[str, str | None]] | None = None
+    for index, key in results(messages, observations):
+        if state.lookup(*key) or key in state.kept or key in state.pending \
+                or count(messages[index]) <= threshold_tokens:
             continue
-        key = (str(message.get("tool_call_id") or ""), message["content"])
-        if state.lookup(*key) or key in state.kept or count(message) <= threshold_tokens:
-            continue
-        names = names if names is not None else tool_names_by_call(messages)
-        found.append((key[0], key[1], names.get(key[0])))
+        calls = calls if calls is not None else calls_by_id(messages)
+        found.append((key[0], key[1], calls.get(key[0], (None, None))[0]))
     return found
+
+
+PLACEHOLDER_TOKENS = 48  # about what one placeholder costs (a handle, a gist, a size)
+
+
+def maskable(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state: SessionState,
+             count: Callable[[dict[str, Any]], int], keep_recent: int, *, start: int = 0,
+             observations: Observations | None = None) -> int:
+    """About how many tokens `prune` could take off by masking everything it may (an estimate, for
+    choosing between masking and eviction before either changes anything)."""
+    found = list(results(original, observations, start))
+    candidates = found[:-keep_recent] if keep_recent else found
+    saving = 0
+    for index, key in candidates:
+        stored = state.lookup(*key)
+        if stored is not None and stored.kind in (PLACEHOLDER, EVICTED):
+            continue
+        saving += max(0, count(forwarded[index]) - PLACEHOLDER_TOKENS)
+    return saving
 
 
 def prune(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state: SessionState,
           store: StateStore, count: Callable[[dict[str, Any]], int], total: int, target: int,
-          keep_recent: int, protected: frozenset[str] = frozenset()) -> tuple[list[dict[str, Any]], int]:
-    """Turn older tool results into placeholders, oldest first, in one batch down to `target` tokens.
+          keep_recent: int, protected: frozenset[str] = frozenset(), *, start: int = 0,
+          observations: Observations | None = None) -> tuple[list[dict[str, Any]], int]:
+    """Turn older results into placeholders, oldest first, in one batch down to `target` tokens.
 
-    `original` and `forwarded` are index-aligned (this layer never adds or removes messages).
-    The `keep_recent` newest tool results stay as they are, and so do `protected` call ids (text the
-    model just retrieved with read_tool_result is never summarized again).
+    `original` and `forwarded` are index-aligned (this layer never adds or removes messages); only
+    messages from `start` on are considered. The `keep_recent` newest results stay as they are, and so do
+    `protected` call ids (text the model just retrieved with read_tool_result is never summarized again).
+    Observations of text-protocol agents count as results when `observations` is given.
     """
-    tool_indexes = [i for i, m in enumerate(forwarded)
-                    if m.get("role") == "tool" and isinstance(original[i].get("content"), str)
-                    and m.get("tool_call_id") not in protected]
-    candidates = tool_indexes[:-keep_recent] if keep_recent else tool_indexes
+    found = [(i, key) for i, key in results(original, observations, start)
+             if forwarded[i].get("tool_call_id") not in protected]
+    candidates = found[:-keep_recent] if keep_recent else found
     out = forwarded
-    names = tool_names_by_call(original)
-    for index in candidates:
+    calls: dict[str, tuple[str, str | None]] | None = None
+    for index, (call_id, content) in candidates:
         if total <= target:
             break
-        message = original[index]
-        call_id, content = str(message.get("tool_call_id") or ""), message["content"]
         stored = state.lookup(call_id, content)
-        if stored is not None and stored.kind == PLACEHOLDER:
+        if stored is not None and stored.kind in (PLACEHOLDER, EVICTED):
             continue
-        handle = stored.handle if stored else state.new_handle(call_id)
-        placeholder = placeholder_text(handle, content, count(message))
+        waiting = state.pending.pop((call_id, content), None)
+        handle = stored.handle if stored else waiting[0] if waiting else state.new_handle(call_id)
+        placeholder = placeholder_text(handle, content, count(original[index]))
         if stored is None and len(placeholder) * 2 > len(content):
             continue  # too small to be worth a placeholder (and a cache break)
-        stored = store.record(state, call_id, content, names.get(call_id), placeholder, PLACEHOLDER)
+        calls = calls if calls is not None else calls_by_id(original)
+        stored = store.record(state, call_id, content, calls.get(call_id, (None, None))[0], placeholder,
+                              PLACEHOLDER, handle=handle)
         new_message = {**forwarded[index], "content": stored.replacement}
         total += count(new_message) - count(forwarded[index])
         if out is forwarded:

@@ -2,18 +2,21 @@
 
 The cut is remembered per session: later requests drop exactly the same prefix, so the forwarded
 history grows append-only between batches and the provider's prompt cache keeps working. Never cut:
-the system prompt, the task statement (first user message), a tool call apart from its results, or
-the exchange in progress. Text-protocol agents (tool output sent back as user messages) are handled
-the same way, since every user message starts an exchange.
+the system prompt, the task statement (the opening user messages, after any assistant greeting), a tool
+call apart from its results, the `keep_recent` newest results, or the exchange in progress. Text-protocol
+agents send tool output back as user messages (observations): an exchange there is a command and its
+output, and only a user's own words anchor an exchange.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from proxy.layers.auto_summary import Count, Headline, headline, render
+from proxy.layers.observations import task_end
 
 if TYPE_CHECKING:
     from proxy.state import SessionState
@@ -30,13 +33,11 @@ class Eviction:
 
 
 def head_end(messages: list[dict[str, Any]]) -> int:
-    """Index after the leading system/developer messages and the first user message (the task)."""
-    index = 0
-    while index < len(messages) and messages[index].get("role") in ("system", "developer"):
-        index += 1
-    if index < len(messages) and messages[index].get("role") == "user":
-        index += 1
-    return index
+    """Index after the system prompt(s) and the task statement, which are never evicted."""
+    return task_end(messages)
+
+
+Indexes = frozenset[int]  # positions of observations (user messages holding environment output)
 
 
 def valid_cuts(messages: list[dict[str, Any]], start: int, stop: int) -> list[int]:
@@ -56,17 +57,25 @@ def valid_cuts(messages: list[dict[str, Any]], start: int, stop: int) -> list[in
     return cuts
 
 
-def in_progress_start(messages: list[dict[str, Any]], head: int) -> int:
+def _starts_exchange(messages: list[dict[str, Any]], index: int, observed: Indexes) -> bool:
+    """A user's own message starts an exchange; so does a command that follows an observation."""
+    if messages[index].get("role") == "user":
+        return index not in observed
+    return messages[index].get("role") == "assistant" and index - 1 in observed
+
+
+def in_progress_start(messages: list[dict[str, Any]], head: int, observed: Indexes = frozenset()) -> int:
     """Start of the exchange in progress: the last user message after the task, else the last turn."""
     for index in range(len(messages) - 1, head - 1, -1):
-        if messages[index].get("role") == "user":
+        if messages[index].get("role") == "user" and index not in observed:
             return index
     return in_progress_turn(messages, head)
 
 
-def exchanges(messages: list[dict[str, Any]], start: int, stop: int) -> list[tuple[int, int]]:
+def exchanges(messages: list[dict[str, Any]], start: int, stop: int,
+              observed: Indexes = frozenset()) -> list[tuple[int, int]]:
     """Split [start, stop) into exchanges: a new one at every user message (at every turn if none)."""
-    boundaries = [i for i in range(start, stop) if messages[i].get("role") == "user"]
+    boundaries = [i for i in range(start, stop) if _starts_exchange(messages, i, observed)]
     if not boundaries or boundaries[0] != start:
         boundaries = [start, *boundaries]
     if len(boundaries) == 1 and stop - start > 1:  # no user turns (pure tool loops): split at turns
@@ -75,23 +84,27 @@ def exchanges(messages: list[dict[str, Any]], start: int, stop: int) -> list[tup
     return [(a, b) for a, b in zip(boundaries, ends, strict=True) if a < b]
 
 
-def anchor_for(messages: list[dict[str, Any]], head: int, cut: int) -> int | None:
+def anchor_for(messages: list[dict[str, Any]], head: int, cut: int,
+               observed: Indexes = frozenset()) -> int | None:
     """A cut inside an exchange keeps that exchange's user message (the request being worked on)."""
-    if cut >= len(messages) or messages[cut].get("role") == "user":
+    if cut >= len(messages) or (messages[cut].get("role") == "user" and cut not in observed):
         return None
     for index in range(cut - 1, head - 1, -1):
-        if messages[index].get("role") == "user":
+        if messages[index].get("role") == "user" and index not in observed:
             return index
     return None
 
 
 def choose_cut(messages: list[dict[str, Any]], count: Count, previous_cut: int | None, fixed_tokens: int,
-               budget_tokens: int, low_water_tokens: int) -> Eviction:
+               budget_tokens: int, low_water_tokens: int, observed: Indexes = frozenset(),
+               keep_from: int | None = None, limit_tokens: int | None = None) -> Eviction:
     """Keep the previous cut while the history fits; else evict one batch down to the low-water mark.
 
     Whole exchanges go first. Only if the exchange in progress alone is still over the budget (long
     tool loops after one user message) are its older turns evicted too, keeping its user message.
-    `fixed_tokens` is what is forwarded besides the messages (tools, injected blocks).
+    `fixed_tokens` is what is forwarded besides the messages (tools, injected blocks); nothing from
+    `keep_from` on (the turns holding the newest results) is evicted. A batch that would free little is
+    not made while the history is under `limit_tokens` (where the budget gate starts pruning).
     """
     head = head_end(messages)
     cut = previous_cut if previous_cut is not None and head <= previous_cut <= len(messages) else head
@@ -102,24 +115,34 @@ def choose_cut(messages: list[dict[str, Any]], count: Count, previous_cut: int |
     base = fixed_tokens + suffix[0] - suffix[head]
 
     def kept_tokens(at: int) -> int:
-        anchor = anchor_for(messages, head, at)
+        anchor = anchor_for(messages, head, at, observed)
         return base + suffix[at] + (count(messages[anchor]) if anchor is not None else 0)
 
-    kept = kept_tokens(cut)
+    kept = before = kept_tokens(cut)
     if kept <= budget_tokens:
         return Eviction(head, cut, cut)
-    protect_from = in_progress_start(messages, head)
+    protect_from = in_progress_start(messages, head, observed)
+    limit = len(messages) if keep_from is None else keep_from
+    protect_from = min(protect_from, limit)
     best = cut
     for candidate in [c for c in valid_cuts(messages, cut, protect_from) if cut < c <= protect_from]:
         best, kept = candidate, kept_tokens(candidate)
         if kept <= low_water_tokens:
             return Eviction(head, best, cut)
-    if kept > budget_tokens:
-        last_turn = in_progress_turn(messages, head)
+    # Still over: older turns of the exchange in progress go too (its user message stays); the newest
+    # results only when keeping them would take the history where the gate refuses.
+    last_turns = [min(in_progress_turn(messages, head), limit), in_progress_turn(messages, head)]
+    for last_turn, allowed in zip(last_turns, [budget_tokens, limit_tokens or budget_tokens], strict=True):
+        if kept <= allowed:
+            break
         for candidate in [c for c in valid_cuts(messages, best, last_turn) if best < c <= last_turn]:
             best, kept = candidate, kept_tokens(candidate)
             if kept <= low_water_tokens:
                 break
+    if before <= (limit_tokens or budget_tokens) and before - kept < (budget_tokens - low_water_tokens) // 2:
+        # What may go (not the head, not the newest results) frees less than half a batch: a cache break
+        # for little, and another one soon. The budget gate prunes or refuses nearer the real window.
+        return Eviction(head, cut, cut)
     return Eviction(head, best, cut)
 
 
@@ -129,6 +152,14 @@ def in_progress_turn(messages: list[dict[str, Any]], head: int) -> int:
     return cuts[-1] if cuts else len(messages)
 
 
+def turn_start(messages: list[dict[str, Any]], index: int) -> int:
+    """The assistant turn a result at `index` answers (where a cut keeping that result must stop)."""
+    for position in range(index, -1, -1):
+        if messages[position].get("role") == "assistant":
+            return position
+    return index
+
+
 def leading_system(messages: list[dict[str, Any]]) -> int:
     index = 0
     while index < len(messages) and messages[index].get("role") in ("system", "developer"):
@@ -136,15 +167,13 @@ def leading_system(messages: list[dict[str, Any]]) -> int:
     return index
 
 
-def slide(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state: SessionState,
-          count: Count, count_text: Callable[[str], int], *, budget_tokens: int, low_water_tokens: int,
-          summary_tokens: int, summary: bool, fixed_tokens: int,
-          now: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Evicted]]:
-    """Apply the sticky cut (evicting a new batch if needed) to both index-aligned lists.
+def _is_among(outputs: frozenset[int], message: dict[str, Any]) -> bool:
+    return id(message) in outputs
 
-    Returns the new (original, forwarded) lists, aligned, and what this request newly evicted. The
-    auto-summary block is rendered into the session state (when `summary`); assembly places it.
-    """
+
+def sticky_cut(original: list[dict[str, Any]], state: SessionState, count_text: Callable[[str], int],
+               now: float) -> int | None:
+    """The session's cut if it still applies to this history (else forget it and its summary)."""
     window = state.window
     del window.first_seen[len(original):]  # a shorter history (the client compacted): times restart there
     window.first_seen.extend([now] * (len(original) - len(window.first_seen)))
@@ -156,13 +185,46 @@ def slide(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state
         window.cut, window.last_evicted, window.headlines, window.block = None, None, [], None
     if window.block and not window.block_tokens:
         window.block_tokens = count_text(window.block)  # e.g. restored after a restart
+    return previous
+
+
+def kept_view(messages: list[dict[str, Any]], cut: int | None, observed: Indexes = frozenset()) -> list[int]:
+    """Indexes of `messages` forwarded under `cut`: the head, the anchor of a cut exchange, the rest."""
+    head = head_end(messages)
+    if cut is None or cut <= head:
+        return list(range(len(messages)))
+    anchor = anchor_for(messages, head, cut, observed)
+    return [*range(head), *([anchor] if anchor is not None else []), *range(cut, len(messages))]
+
+
+Keep = Callable[[int, int], dict[int, str]]  # stores an evicted range's results: index -> read-back handle
+
+
+def slide(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state: SessionState,
+          count: Count, count_text: Callable[[str], int], *, budget_tokens: int, low_water_tokens: int,
+          summary_tokens: int, summary: bool, fixed_tokens: int, now: float,
+          observed: Indexes = frozenset(), keep_from: int | None = None,
+          keep: Keep | None = None, limit_tokens: int | None = None,
+          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Evicted]]:
+    """Apply the sticky cut (evicting a new batch if needed) to both index-aligned lists.
+
+    Returns the new (original, forwarded) lists, aligned, and what this request newly evicted. The
+    auto-summary block is rendered into the session state (when `summary`); assembly places it. `keep`
+    stores what a new batch evicts so it can be read back, and names its handles in the headlines.
+    """
+    window = state.window
+    previous = sticky_cut(original, state, count_text, now)
     block_tokens = window.block_tokens if window.block else 0
     eviction = choose_cut(forwarded, count, previous, fixed_tokens + block_tokens, budget_tokens,
-                          max(0, low_water_tokens - summary_tokens))
+                          max(0, low_water_tokens - summary_tokens), observed, keep_from, limit_tokens)
     evicted_now: list[Evicted] = []
     if eviction.cut > eviction.new_from:
-        for start, stop in exchanges(original, eviction.new_from, eviction.cut):
-            entry = headline(original[start:stop], window.first_seen[start], count)
+        for start, stop in exchanges(original, eviction.new_from, eviction.cut, observed):
+            handles = keep(start, stop) if keep else {}
+            outputs = frozenset(id(original[i]) for i in range(start, stop) if i in observed)
+            entry = headline(original[start:stop], window.first_seen[start], count,
+                             handles={i - start: h for i, h in handles.items()},
+                             observation=functools.partial(_is_among, outputs))
             window.headlines.append(entry)
             evicted_now.append((entry, original[start:stop]))
         window.block = render(window.headlines, now, summary_tokens, count_text) if summary else None
@@ -170,10 +232,5 @@ def slide(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state
         window.cut, window.last_evicted = eviction.cut, original[eviction.cut - 1]
     if window.cut is None or window.cut <= eviction.head_end:
         return original, forwarded, evicted_now
-    anchor = anchor_for(original, eviction.head_end, window.cut)
-    kept_anchor = [anchor] if anchor is not None else []
-
-    def assemble(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [*messages[:eviction.head_end], *(messages[i] for i in kept_anchor), *messages[window.cut:]]
-
-    return assemble(original), assemble(forwarded), evicted_now
+    view = kept_view(original, window.cut, observed)
+    return [original[i] for i in view], [forwarded[i] for i in view], evicted_now

@@ -1,14 +1,17 @@
-"""Working memory: the entities (pages, issues, files, ...) an agent has recently seen in tool results.
+"""Working memory: the entities (pages, reservations, orders, ...) an agent has recently seen in tool results.
 
 When a tool answers `{"page": {"id": "page-123", "title": "About Us"}}`, the proxy learns that page-123 is
-called "About Us". The last few such entities, most recent first, are rendered as a short block so the model
-can turn "it" or "that page" into an id without calling a tool again. Everything here is pure and
+called "About Us"; from `{"reservation_id": "HXDUBJ", "origin": "IAH", ...}` that reservation HXDUBJ is the
+one from IAH (a record without a name is labelled by its first few short fields). The last few such
+entities, most recent first, are rendered as a short block so the model can turn "it" or "that page" into
+an id without calling a tool again. Everything here is pure and
 deterministic: the same messages give the same memory and the same block, byte for byte, and no input
 (malformed, huge or deeply nested) makes it raise.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -17,22 +20,34 @@ from typing import Any
 
 import orjson
 
+from proxy.layers.identifiers import MAX_KEY_CHARS, id_key, snake
+
 VERSION = 1
 DEFAULT_MAX_ENTITIES = 10
 DEFAULT_MAX_FROM_LIST = 3
 MAX_CONTENT_CHARS = 2_000_000  # parsing a bigger result costs more than the few entities it could add
+MAX_NESTED_CHARS = 200_000  # a JSON or Python literal inside a string field is parsed up to this size
 MAX_LIST_SCAN = 1_000  # items looked at per list while looking for the first few valid ones
-MAX_WRAP_DEPTH = 3  # {"data": {"data": ...}} unwrapped at most this deep
+MAX_KEYS = 200  # keys looked at per object
+MAX_DEPTH = 8  # nesting walked into: records sit a few levels down, never dozens
+MAX_NODES = 20_000  # values visited per result: a bounded cost on the request path
+MAX_PER_RESULT = 6  # one result never floods the memory (max_entities is 10 by default)
 MAX_NAME_CHARS = 80  # the block rides along in every request: keep its lines short
 MAX_ID_CHARS = 128  # anything longer is a blob or a token, not an id the model should quote back
 MAX_TOOL_NAME_CHARS = 200  # bounds the regex work on a hostile tool name
+DESCRIBE_FIELDS = 3  # a nameless record is labelled by this many of its short fields
 
-NAME_KEYS = ("title", "name", "slug", "filename", "heading", "label", "subject", "login")
-ID_KEYS = ("id", "_id")
-LIST_KEYS = ("matches", "items", "results", "data", "records")  # tried after the type's own plural
-WRAPPER_KEYS = ("data", "result")  # single resource wrapped one level down
+NAME_KEYS = ("title", "name", "slug", "filename", "heading", "label", "subject", "login", "full_name",
+             "fullName", "display_name", "displayName", "username")
+# Envelope keys: a generic id below them takes the type from above (the tool's, at the top).
+WRAPPER_KEYS = frozenset({"data", "result", "results", "response", "value", "payload", "body", "content",
+                          "matches", "records", "hits", "rows", "list", "objects", "nodes", "edges", "node",
+                          "output", "items", "entries"})
+SKIP_KEYS = frozenset({"error", "errors", "meta", "links", "_links", "headers", "pagination"})
+_NOUN = re.compile(r"[a-z][a-z_]*[a-z]")
+_SPACE = re.compile(r"\s")
 
-HINT = ('Entities seen recently in tool results, most recent first; resolve "it", "that page" and the like '
+HINT = ('Entities seen recently in tool results, most recent first; resolve "it", "that one" and the like '
         "to these ids.")
 
 # Tried in order on the words of the tool name after its verb; the first match wins (so a
@@ -134,68 +149,156 @@ def _clean_id(value: Any) -> str | None:
         return str(value) if -(2**63) <= value < 2**64 else None  # str() of a giant int is slow, or raises
     if isinstance(value, str):
         value = value.strip()
-        if value and len(value) <= MAX_ID_CHARS and value.isprintable():
+        if value and len(value) <= MAX_ID_CHARS and value.isprintable() and not _SPACE.search(value):
             return value
     return None
+
+
+def _context(key: str, ctx: str | None, record: bool) -> str | None:
+    """The type a generic id found under `key` takes: the key's noun (`flights` -> flight); through an
+    envelope's `data`/`items`/`results` the type from above; a key holding digits is an id-keyed map."""
+    if key in WRAPPER_KEYS:
+        return singular(key) if record and key in ("items", "entries") else (None if record else ctx)
+    noun = snake(key)
+    return singular(noun) if _NOUN.fullmatch(noun) and len(noun) <= MAX_KEY_CHARS else ctx
 
 
 def _name(item: dict[str, Any]) -> str | None:
     for key in NAME_KEYS:
         value = item.get(key)
+        if isinstance(value, dict):  # {"name": {"first_name": "Ivan", "last_name": "Rossi"}}
+            value = _person(value)
         if isinstance(value, str) and (text := " ".join(value.split())):
-            return text if len(text) <= MAX_NAME_CHARS else text[: MAX_NAME_CHARS - 3] + "..."
-    return None
+            return _clip(text)
+    return _person(item)
 
 
-def _entity(item: Any, kind: str) -> Entity | None:
-    if not isinstance(item, dict):
-        return None
-    ident = _clean_id(next((item[key] for key in ID_KEYS if key in item), None))
-    attributes = item.get("attributes")  # JSON:API keeps the name beside the id, under "attributes"
-    name = _name(item) or (_name(attributes) if isinstance(attributes, dict) else None)
-    return Entity(ident, name, kind) if ident and name else None
+def _person(item: dict[str, Any]) -> str | None:
+    parts = [item.get(key) for key in ("first_name", "firstName", "last_name", "lastName")]
+    text = " ".join(" ".join(p.split()) for p in parts if isinstance(p, str) and p.strip())
+    return _clip(text) if text else None
 
 
-def _from_list(items: list[Any], kind: str, limit: int) -> list[Entity]:
-    found: list[Entity] = []
-    for item in islice(items, MAX_LIST_SCAN):
-        if len(found) >= limit:
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_NAME_CHARS else text[: MAX_NAME_CHARS - 3] + "..."
+
+
+def _describe(item: dict[str, Any], skip: str) -> str | None:
+    """A nameless record's label: its first few short scalar fields (`origin IAH, destination SFO`)."""
+    parts: list[str] = []
+    for key, value in islice(item.items(), MAX_KEYS):
+        if len(parts) >= DESCRIBE_FIELDS:
             break
-        entity = _entity(item, kind)
-        if entity and all(entity.id != seen.id for seen in found):
-            found.append(entity)
-    return found
+        if key == skip or key in NAME_KEYS or not isinstance(key, str) or id_key(key) is not None:
+            continue
+        if isinstance(value, str) and value.strip() and len(value) <= 40 and "\n" not in value \
+                and value.isprintable():
+            parts.append(f"{key} {' '.join(value.split())}")
+        elif isinstance(value, int | float) and not isinstance(value, bool) and abs(value) < 1e15:
+            parts.append(f"{key} {value}")
+    return _clip(", ".join(parts)) if parts else None
 
 
-def _from_value(value: Any, kind: str, limit: int, depth: int = 0) -> list[Entity]:
-    """First shape that yields something wins, so one result never floods memory from several lists."""
-    if isinstance(value, list):
-        return _from_list(value, kind, limit)
-    if not isinstance(value, dict) or depth > MAX_WRAP_DEPTH:
-        return []
-    for candidate in (value.get(kind), value):  # {"page": {...}} or the resource itself
-        if entity := _entity(candidate, kind):
-            return [entity]
-    for key in (plural(kind), *LIST_KEYS):
-        if isinstance(value.get(key), list) and (found := _from_list(value[key], kind, limit)):
-            return found
-    for key in WRAPPER_KEYS:
-        if isinstance(value.get(key), dict) and (found := _from_value(value[key], kind, limit, depth + 1)):
-            return found
-    return []
+def _own_id(item: dict[str, Any], ctx: str | None) -> tuple[str, str | None, str] | None:
+    """(key, implied noun, id) of the record's own identifier: a plain `id`, else the key naming the
+    record's type, else an id key among its first two fields (APIs put a record's own id first; a
+    foreign key further down names another record)."""
+    found: list[tuple[str, str | None, str]] = []
+    for position, (key, value) in enumerate(islice(item.items(), MAX_KEYS)):
+        shape = id_key(key)
+        if shape is None or (ident := _clean_id(value)) is None:
+            continue
+        if shape[0] is None and key.lower() == "code" and not isinstance(value, str):
+            continue  # {"code": 404, "message": ...} is a status, not a record
+        if key.lower() in ("id", "_id") or (shape[0] is not None and shape[0] == ctx):
+            return key, shape[0], ident
+        found.append((key, shape[0], ident) if position < 2 or shape[0] is None else ("", None, ""))
+    return next((entry for entry in found if entry[0]), None)
 
 
-def _from_arguments(arguments: dict[str, Any], result: Any, kind: str) -> list[Entity]:
-    """A write whose result lacks the name: update_page(pageId, title) -> {"success": true}, or
-    create_page(title) -> {"id": "page-123"}. The name comes from the call, the id from either."""
-    result = result if isinstance(result, dict) else {}
-    if result.get("error") or result.get("errors") or False in (result.get("success"), result.get("ok")):
-        return []  # the write failed: the name in the call never took effect
+@dataclass
+class _Walk:
+    """One bounded walk over a parsed result, collecting (depth, order, entity)."""
+
+    limit: int
+    nodes: int = 0
+    found: list[tuple[int, int, Entity]] = field(default_factory=list)
+
+    def record(self, item: dict[str, Any], ctx: str | None) -> Entity | None:
+        own = _own_id(item, ctx)
+        if own is None:
+            return None
+        key, noun, ident = own
+        kind = noun or ctx
+        if kind is None:
+            return None
+        attributes = item.get("attributes")  # JSON:API keeps the name beside the id, under "attributes"
+        name = _name(item) or (_name(attributes) if isinstance(attributes, dict) else None) or \
+            _describe(item, key)
+        return Entity(ident, name, kind) if name else None
+
+    def visit(self, value: Any, ctx: str | None, depth: int) -> bool:
+        """Walk `value`; True when it is itself a record that became an entity."""
+        self.nodes += 1
+        if depth > MAX_DEPTH or self.nodes > MAX_NODES or len(self.found) >= 4 * MAX_PER_RESULT:
+            return False
+        if isinstance(value, list):
+            taken = 0
+            for item in islice(value, MAX_LIST_SCAN):
+                if taken >= self.limit:
+                    break
+                taken += self.visit(item, ctx, depth + 1)
+            return False
+        if isinstance(value, str) and depth <= 2:  # {"response": "[{\"id\": ...}]"} (ToolBench)
+            if (inner := _parse_nested(value)) is not _MISSING:
+                self.visit(inner, ctx, depth + 1)
+            return False
+        if not isinstance(value, dict):
+            return False
+        entity = self.record(value, ctx)
+        taken = 0
+        for key, child in islice(value.items(), MAX_KEYS):
+            if not isinstance(key, str) or key in SKIP_KEYS or not isinstance(child, dict | list | str):
+                continue
+            if taken < self.limit or not isinstance(child, dict):
+                taken += self.visit(child, _context(key, ctx, entity is not None), depth + 1)
+        if entity:  # after its children, so the record a tool was about ends up most recent
+            self.found.append((depth, len(self.found), entity))
+        return entity is not None
+
+    def chosen(self) -> list[tuple[int, int, Entity]]:
+        """The shallowest first (what the result is about beats what it mentions), in walk order."""
+        return sorted(sorted(self.found, key=lambda f: f[0])[:MAX_PER_RESULT], key=lambda f: f[1])
+
+
+def _failed(result: Any) -> bool:
+    return isinstance(result, dict) and bool(
+        result.get("error") or result.get("errors") or False in (result.get("success"), result.get("ok")))
+
+
+def _id_from_arguments(arguments: dict[str, Any], kind: str) -> str | None:
+    """get_user_details(user_id=...) answered by a record that does not repeat its id."""
     head, *rest = kind.split("_")
     keys = (f"{head}{''.join(part.title() for part in rest)}Id", f"{kind}_id", "id")  # pageId, page_id, id
-    candidates = [result.get("id"), *(arguments.get(key) for key in keys)]
-    ident = next((clean for value in candidates if (clean := _clean_id(value))), None)
-    name = _name(arguments)
+    candidates = [arguments.get(key) for key in keys]
+    candidates += [value for key, value in islice(arguments.items(), MAX_KEYS)
+                   if isinstance(key, str) and id_key(key) == (kind,)]
+    return next((clean for value in candidates if (clean := _clean_id(value))), None)
+
+
+def _from_call(arguments: dict[str, Any], result: Any, kind: str, tool_words: set[str]) -> list[Entity]:
+    """A result that names its record without its id (or an id without a name): the rest from the call.
+    update_page(pageId, title) -> {"success": true}; create_page(title) -> {"id": "page-123"};
+    find_user_id_by_name_zip(first_name, last_name, zip) -> "daiki_sanchez_3253"."""
+    if _failed(result):
+        return []  # the write failed: the name in the call never took effect
+    if isinstance(result, dict):
+        ident = _clean_id(result.get("id")) or _id_from_arguments(arguments, kind)
+        name = _name(result) or _name(arguments) or _describe(result, "id")
+    elif tool_words & {"id", "ids"}:  # a tool whose job is to return an id
+        ident, name = _clean_id(result), _name(arguments) or _describe(arguments, "")
+    else:
+        return []
     return [Entity(ident, name, kind)] if ident and name else []
 
 
@@ -210,20 +313,47 @@ def _parse(text: Any) -> Any:
         return _MISSING
 
 
+def _parse_nested(text: str) -> Any:
+    """JSON, or a Python literal (ToolBench wraps `repr`s of API answers), inside a string field."""
+    stripped = text.strip()
+    if len(stripped) < 2 or len(stripped) > MAX_NESTED_CHARS or stripped[0] not in "[{" \
+            or stripped[-1] not in "]}":
+        return _MISSING
+    parsed = _parse(stripped)
+    if parsed is not _MISSING:
+        return parsed
+    try:
+        return ast.literal_eval(stripped)  # literals only: no code runs
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return _MISSING
+
+
 def extract(tool_name: str | None, arguments: str | None, content: str, *,
             max_from_list: int = DEFAULT_MAX_FROM_LIST,
             type_patterns: dict[str, str] | None = None) -> list[Entity]:
-    """Entities in one tool result, in the result's order, at most `max_from_list` of them from a list.
-    A result that is not JSON yields nothing; a JSON result naming no entity may still yield one from the
-    call's arguments (a rename or a create answered with a bare id or {"success": true})."""
+    """Entities in one tool result: every record with an identifier key (`id`, `reservation_id`,
+    `flightNumber`, `sku`, ...) and a name or a few describing fields, in nested records and lists (at most
+    `max_from_list` records a list, `MAX_PER_RESULT` a result). A key's noun gives the type; a generic `id`
+    takes the containing key's noun, else the tool's type (`type_patterns`, then the tool name). A result
+    naming no entity may still yield one with the call's arguments."""
     kind = infer_type(tool_name, type_patterns)
-    result = _parse(content) if kind else _MISSING
-    if kind is None or result is _MISSING:
+    result = _parse(content)
+    if result is _MISSING and kind and isinstance(content, str) and _clean_id(content):
+        result = content  # a bare id, not JSON-quoted
+    if result is _MISSING:
         return []
-    found = _from_value(result, kind, max(0, max_from_list))
-    if not found and isinstance(arguments_value := _parse(arguments), dict):
-        found = _from_arguments(arguments_value, result, kind)
-    return found
+    walk = _Walk(max(0, max_from_list))
+    walk.visit(result, kind, 0)
+    found = [entity for _, _, entity in walk.chosen()]
+    top_named = any(depth == 0 for depth, _, _ in walk.found)
+    call = _parse(arguments) if kind and not top_named and not isinstance(result, list) else None
+    if kind and isinstance(call, dict):
+        found += _from_call(call, result, kind, set(_nouns(tool_name or "")[0]))
+    unique: dict[str, Entity] = {}
+    for entity in found:  # one entry an id; the later (the record the call was about) wins
+        unique.pop(entity.id, None)
+        unique[entity.id] = entity
+    return list(unique.values())[-MAX_PER_RESULT:]
 
 
 @dataclass
@@ -305,7 +435,7 @@ def observe_messages(memory: WorkingMemory, messages: Iterable[Any], *,
     matched to the latest assistant tool call with its id (some agents reuse ids); results whose call is
     unknown are skipped, since without a tool name there is no type. Legacy `function` messages count too."""
     calls: dict[str, tuple[Any, Any]] = {}  # call id -> (tool name, arguments), checked by extract
-    for message in messages:
+    for index, message in enumerate(messages):
         if not isinstance(message, dict):
             continue
         role = message.get("role")
@@ -314,6 +444,8 @@ def observe_messages(memory: WorkingMemory, messages: Iterable[Any], *,
                 function = call.get("function") if isinstance(call, dict) else None
                 if isinstance(function, dict) and isinstance(call.get("id"), str):
                     calls[call["id"]] = (function.get("name"), function.get("arguments"))
+            continue
+        if index < start:  # seen by an earlier request; its calls above still name later results
             continue
         if role == "tool" and isinstance(call_id := message.get("tool_call_id"), str) and call_id in calls:
             name, arguments = calls[call_id]

@@ -11,9 +11,15 @@ from __future__ import annotations
 import ast
 
 from .code_summary import _code_summary, _module_level, _python_summary
-from .common import BREAK_RE, SAMPLE, _clip, _distinct, _plural
+from .common import BREAK_RE, CRITICAL_MAX, LINE_W, SAMPLE, Unfit, _clip, _distinct, _plural, budgets
 from .detect import FUNCS, _Analysis, _analyze, _is_def
+from .diff_summary import diff_summary, is_diff
+from .envelope import unwrap
+from .html_summary import html_summary, is_html
 from .json_summary import _json_summary, _json_title
+from .listing_summary import grep_summary, listing_kind, listing_summary
+from .log_summary import is_test_run, test_summary
+from .pointed import pointed_sec
 from .text_summary import _flagged, _lines_summary
 
 __all__ = ["detect_kind", "gist", "summarize"]
@@ -27,28 +33,83 @@ def detect_kind(text: str) -> str:
         return "text"
 
 
-def summarize(text: str, *, tool_name: str | None = None, max_chars: int = 2400,
+def summarize(text: str, *, tool_name: str | None = None, max_chars: int | None = None,
               arguments: str | None = None) -> str:
-    """Deterministic summary body of a tool result (no header; the caller adds the labelled header)."""
-    if max_chars <= 0:
+    """Deterministic summary body of a tool result (no header; the caller adds the labelled header).
+
+    max_chars: a hard cap; by default the size grows with the input (see common.budgets): context gets a
+    share of it, and what an agent acts on (ids, paths, error lines, diff and test headers, the lines the
+    call's `arguments` point at) is kept in full. When that alone is as large as the input, the body is the
+    input itself, so layer 1 (which applies only summaries at most half the original) leaves it alone.
+    """
+    if max_chars is not None and max_chars <= 0:
         return ""
+    budget, cap = budgets(len(text), max_chars)
     try:
-        an = _analyze(text, tool_name)
-        if isinstance(an.doc, dict | list):
-            body = _json_summary(an.doc, text, max_chars)
-        elif an.kind == "python":
-            body = _python_summary(an, max_chars)
-        else:
-            body = (_code_summary if an.kind == "code" else _lines_summary)(an, text, max_chars)
+        try:
+            body = _summarize(text, tool_name, budget, cap, arguments)
+        except Unfit:
+            if len(text) <= CRITICAL_MAX:
+                return text  # no smaller text keeps what matters: the "summary" is the original itself
+            body = _summarize(text, tool_name, cap, cap, arguments)  # huge: cut, with counts, to the cap
     except Exception:  # a summary must never break the proxy: fall back to the plain line treatment
         try:
-            body = _lines_summary(_Analysis("text", text.splitlines()), text, max_chars)
+            body = _lines_summary(_Analysis("text", text.splitlines()), text, budget, cap)
         except Exception:
             body = f"text, {len(text)} chars"
-    if len(body) > max_chars:  # hard cap for tiny budgets: whole lines if possible
-        cut = body.rfind("\n", 0, max_chars + 1)
-        body = body[:cut] if cut > 0 else body[:max_chars]
+    if len(body) > cap:  # hard cap for tiny budgets: whole lines if possible
+        cut = body.rfind("\n", 0, cap + 1)
+        body = body[:cut] if cut > 0 else body[:cap]
     return body
+
+
+def _summarize(text: str, tool_name: str | None, budget: int, cap: int, arguments: str | None) -> str:
+    lines = text.splitlines()
+    env = unwrap(lines)
+    inner = text if (env.start, env.end) == (0, len(lines)) else "\n".join(lines[env.start:env.end])
+    notes = "; ".join(env.notes)
+    if notes:  # the harness's facts (return code, open file, directory) lead the summary, verbatim
+        notes = _clip(f"observation: {notes}", 4 * LINE_W)
+        budget, cap = max(budget - len(notes) - 1, 0), max(cap - len(notes) - 1, 0)
+    an = _analyze(inner, tool_name)
+    an.base = env.start
+    body = ""
+    if isinstance(an.doc, dict | list):
+        body = _json_summary(an.doc, inner, budget, cap)
+    else:
+        pointed = pointed_sec(arguments, an.lines, an.base)
+        extra = [pointed] if pointed else []
+        special = _special_kind(an, inner)
+        if special == "html":
+            body = html_summary(an, inner, budget, cap, extra)
+        elif special == "diff":
+            body = diff_summary(an, inner, budget, cap, extra)
+        elif special == "test":
+            body = test_summary(an, inner, budget, cap, extra)
+        elif special == "grep":
+            body = grep_summary(an, inner, budget, cap, extra)
+        elif special == "listing":
+            body = listing_summary(an, inner, budget, cap, extra)
+        elif an.kind == "python":
+            body = _python_summary(an, budget, cap, extra, inner)
+        elif an.kind == "code":
+            body = _code_summary(an, inner, budget, cap, extra)
+        else:
+            body = _lines_summary(an, inner, budget, cap, front=extra)
+    return f"{notes}\n{body}" if notes else body
+
+
+def _special_kind(an: _Analysis, text: str) -> str:
+    """Kinds recognised by their shape, checked before the generic code/log/text classes."""
+    if is_html(text):
+        return "html"
+    if is_diff(an.lines):
+        return "diff"
+    if is_test_run(an.lines):
+        return "test"
+    if an.kind not in ("python", "log"):  # timestamped lines are a log, whatever else they look like
+        return listing_kind(an.lines) or ""
+    return ""
 
 
 def gist(text: str) -> str:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from .common import HEAD_LINES, LINE_W, VALUE_W, _clip, _layout, _numbered, _plural, _Sec, _size
 from .detect import FUNCS, _Analysis, _is_def
+from .salient import salient_secs
 
 
 def _source(lines: list[str]) -> Callable[[ast.AST], str]:
@@ -60,7 +61,8 @@ def _doc_line(node: ast.AST) -> str:
     return _clip(next((ln.strip() for ln in (doc or "").splitlines() if ln.strip()), ""), VALUE_W)
 
 
-def _python_summary(an: _Analysis, max_chars: int) -> str:
+def _python_summary(an: _Analysis, max_chars: int, cap: int | None = None, extra: list[_Sec] | None = None,
+                    text: str = "") -> str:
     assert an.tree is not None and an.content is not None
     src, off = _source(an.content), an.offset
     imports: list[str] = []
@@ -103,16 +105,20 @@ def _python_summary(an: _Analysis, max_chars: int) -> str:
     full = [line for pair in symbols for line in pair if line]
     # When space is tight, docstrings go first: every signature is worth more than any one docstring.
     lines = full if _size(full) <= max_chars * 0.7 else [sig for sig, _ in symbols]
-    return _layout([_Sec(header, weight=50), _Sec(imports, "imports: ", "imports", 2, inline=True),
-                    _Sec(consts, "constants: ", "", 1, inline=True),
-                    _Sec([_clip(line, LINE_W + 100) for line in lines], "symbols:", "symbol lines", 6)],
-                   max_chars)
+    secs = [_Sec(header, weight=50, critical=True), *(extra or []),
+            _Sec(imports, "imports: ", "imports", 2, inline=True),
+            _Sec(consts, "constants: ", "", 1, inline=True),
+            _Sec([_clip(line, LINE_W + 100) for line in lines], "symbols:", "symbol lines", 6)]
+    return _layout(secs + salient_secs(an.lines, text, an.base, warnings=False), max_chars, cap)
 
 
-def _code_summary(an: _Analysis, text: str, max_chars: int) -> str:
+def _code_summary(an: _Analysis, text: str, max_chars: int, cap: int | None = None,
+                  extra: list[_Sec] | None = None) -> str:
     defs = [i for i, c in enumerate(an.content or an.lines) if _is_def(c)]
     header = f"code, {_plural(len(an.lines), 'line')}, {_plural(len(defs), 'definition')}, {len(text)} chars"
-    head = [] if defs else _numbered(an.lines, range(min(HEAD_LINES, len(an.lines))), LINE_W)
-    return _layout([_Sec([header], weight=50), _Sec(head, "first lines:", "lines", 2),
-                    _Sec(_numbered(an.lines, defs, LINE_W), "outline:", "definitions", 6)], max_chars)
+    head = [] if defs else _numbered(an.lines, range(min(HEAD_LINES, len(an.lines))), LINE_W, an.base)
+    outline = _numbered(an.lines, defs, LINE_W, an.base)
+    secs = [_Sec([header], weight=50, critical=True), *(extra or []), _Sec(head, "first lines:", "lines", 2),
+            _Sec(outline, "outline:", "definitions", 6)]
+    return _layout(secs + salient_secs(an.lines, text, an.base, warnings=False), max_chars, cap)
 

@@ -9,6 +9,13 @@ HEAD_LINES, TAIL_LINES = 10, 10
 LINE_W, ERR_W, ITEM_W, VALUE_W = 200, 320, 240, 120  # widths beyond which a kept line is cut, marked
 MAX_ERR, MAX_PATHS, MAX_ID_KEYS, MAX_FIELDS, MAX_DEPTH = 300, 200, 8, 12, 5  # depth: +1 per object or array
 SAMPLE = 50  # array items merged into a shape: bounded so huge arrays stay cheap
+# Default size: a summary aims at TARGET_SHARE of the input (within these bounds); context (head/tail lines,
+# samples) fills what the critical sections leave of it. What an agent acts on (critical sections) is kept in
+# full up to the input's own size (CRITICAL_MAX for huge ones): a summary whose critical part does not fit
+# in half the original is then not applied (layer 1 compares tokens), rather than applied with the facts
+# cut out; only beyond CRITICAL_MAX are they cut, with a count.
+TARGET_SHARE, TARGET_MIN, TARGET_MAX = 0.3, 300, 12_000
+CRITICAL_SHARE, CRITICAL_MAX = 1.0, 48_000
 
 ERR_RE = re.compile(r"(?i)error|warn|exception|traceback|fail|fatal|panic|denied|refused|timeout|timed out"
                     r"|assert")
@@ -31,8 +38,8 @@ def _distinct(values: list[str]) -> list[str]:
     return list(dict.fromkeys(values))  # ordered de-dup: iterating a set would depend on hash seeds
 
 
-def _numbered(lines: list[str], indices: list[int] | range, width: int) -> list[str]:
-    return [f"L{i + 1}: {_clip(lines[i], width)}" for i in indices]
+def _numbered(lines: list[str], indices: list[int] | range, width: int, base: int = 0) -> list[str]:
+    return [f"L{base + i + 1}: {_clip(lines[i], width)}" for i in indices]
 
 
 def _size(lines: list[str]) -> int:
@@ -50,6 +57,7 @@ class _Sec:
     inline: bool = False  # items joined with ", " on one line (ids, paths) instead of one per line
     tail: bool = False  # keep the last items when cutting (end of a log)
     extra: int = 0  # items already dropped by a collection cap
+    critical: bool = False  # ids, paths, error lines: allocated in full before any context
 
     def _note(self, k: int) -> str:
         rest = len(self.items) - k + self.extra
@@ -77,11 +85,22 @@ class _Sec:
         return ([self.title] if self.title else []) + [line for line in body if line]
 
 
-def _layout(secs: list[_Sec], max_chars: int) -> str:
-    """Share max_chars among sections by weight; a section needing less than its share hands it on."""
-    secs = [s for s in secs if s.items or s.extra]
+class Unfit(Exception):
+    """The critical sections alone exceed the cap: no summary both keeps them and is smaller."""
+
+
+def budgets(size: int, max_chars: int | None) -> tuple[int, int]:
+    """(context budget, hard cap) for an input of `size` chars; an explicit max_chars is both."""
+    if max_chars is not None:
+        return max_chars, max_chars
+    target = min(max(int(size * TARGET_SHARE), TARGET_MIN), TARGET_MAX)
+    return target, max(target, min(int(size * CRITICAL_SHARE), CRITICAL_MAX))
+
+
+def _share(secs: list[_Sec], room: int) -> list[list[str]]:
+    """Share `room` (line costs: len + 1) among sections by weight; one needing less hands it on."""
     need = [_size(s.render(1 << 60)) for s in secs]
-    alloc, left, active = [0] * len(secs), max_chars + 1, list(range(len(secs)))
+    alloc, left, active = [0] * len(secs), room, list(range(len(secs)))
     while active:
         wsum = sum(secs[i].weight for i in active)
         fits = [i for i in active if need[i] * wsum <= left * secs[i].weight]
@@ -91,10 +110,25 @@ def _layout(secs: list[_Sec], max_chars: int) -> str:
         active = [i for i in active if i not in fits] if fits else []
     out = [s.render(a) for s, a in zip(secs, alloc, strict=True)]
     # Whole-line granularity leaves slack: hand it to cut sections, heaviest first (sorted() is stable).
-    spare = max_chars + 1 - sum(map(_size, out))
+    spare = room - sum(map(_size, out))
     for i in sorted(range(len(secs)), key=lambda i: -secs[i].weight):
         if spare > 0 and _size(out[i]) < need[i]:
             new = secs[i].render(_size(out[i]) + spare)
             spare, out[i] = spare - _size(new) + _size(out[i]), new
-    return "\n".join(line for lines in out for line in lines)
+    return out
 
+
+def _layout(secs: list[_Sec], max_chars: int, cap: int | None = None) -> str:
+    """Critical sections first, in full when they fit in `cap` (else, with a cap above max_chars, Unfit;
+    with a hard cap, shared by weight); the other sections share what is left of `max_chars`. Section
+    order is kept."""
+    cap = max(cap if cap is not None else max_chars, max_chars)
+    secs = [s for s in secs if s.items or s.extra]
+    crit = [i for i, s in enumerate(secs) if s.critical]
+    if cap > max_chars and sum(_size(secs[i].render(1 << 60)) for i in crit) > cap + 1:
+        raise Unfit
+    rest = [i for i, s in enumerate(secs) if not s.critical]
+    out: dict[int, list[str]] = dict(zip(crit, _share([secs[i] for i in crit], cap + 1), strict=True))
+    used = sum(map(_size, out.values()))
+    out |= dict(zip(rest, _share([secs[i] for i in rest], max(max_chars + 1 - used, 0)), strict=True))
+    return "\n".join(line for i in range(len(secs)) for line in out[i])

@@ -47,6 +47,7 @@ class _Analysis:
     content: list[str] | None = None  # lines without a file-read gutter
     offset: int = 0  # first gutter number - 1, so a digest shows the file's own line numbers
     json_error: str = ""
+    base: int = 0  # lines before this text in the tool result (a harness wrapper): L numbers add it
 
 
 def _strip_gutter(lines: list[str]) -> tuple[list[str], int]:

@@ -6,9 +6,10 @@ import json
 
 from .common import (
     BREAK_RE,
-    ITEM_W,
+    ERR_W,
     LINE_W,
     MAX_DEPTH,
+    MAX_ERR,
     MAX_FIELDS,
     MAX_ID_KEYS,
     SAMPLE,
@@ -19,6 +20,8 @@ from .common import (
     _plural,
     _Sec,
 )
+from .json_table import build, render
+from .salient import STRONG_RE, collapsed, find_ids, find_paths, flag_lines, group_paths
 
 STRONG_ID_KEYS = frozenset({"id", "uuid", "key", "sku", "code", "number"})
 ID_KEYS = STRONG_ID_KEYS | {"name", "title", "slug", "filename", "path", "url", "email"}
@@ -107,21 +110,34 @@ def _json_title(doc: dict | list) -> str:
     return f"JSON array of {len(doc)} {noun}"
 
 
-def _json_summary(doc: dict | list, text: str, max_chars: int) -> str:
-    if isinstance(doc, list):
-        dicts = doc[:SAMPLE] if all(isinstance(v, dict) for v in doc) else []  # else a merged "a|b" shape
-        shape = [_clip(f, LINE_W) for f in _fields(dicts, 1)] if dicts else [_clip(_shape(doc, 1), LINE_W)]
-        secs = [_Sec([f"{_json_title(doc)}, {len(text)} chars"], weight=50),
-                _Sec(shape if doc else [], "item fields:" if dicts else "items:", "fields", 3),
-                _Sec([_clip(f"[{i}] {_dump(v)}", ITEM_W) for i, v in enumerate(doc[:3])], "first items:",
-                     "items", 2)]
-    else:
-        arrays = [(k, v) for k, v in doc.items() if isinstance(v, list) and v][:3]
-        secs = [_Sec([f"{_json_title(doc)}, {len(text)} chars"], weight=50),
-                _Sec([_clip(f"{k} = {_dump(v)}", LINE_W) for k, v in doc.items()
-                      if not isinstance(v, dict | list)], "fields:", "fields", 4),
-                _Sec([_clip(f"{k}: {_shape([v], 1)}", LINE_W) for k, v in doc.items()
-                      if isinstance(v, dict | list)], "structure:", "keys", 3),
-                _Sec([_clip(f"{k}[{i}] {_dump(x)}", ITEM_W) for k, v in arrays for i, x in enumerate(v[:3])],
-                     "samples:", "samples", 2)]
-    return _layout(secs + _id_secs(_collect_ids(doc)), max_chars)
+def _json_summary(doc: dict | list, text: str, max_chars: int, cap: int | None = None) -> str:
+    """Header, top-level fields, one table per kind of record (critical), the structure as context, and
+    the ids, paths and error lines of long free text that the tables leave out."""
+    found = build(doc)
+    secs = [_Sec([f"{_json_title(doc)}, {len(text)} chars"], weight=50, critical=True),
+            _Sec([_clip(f, LINE_W) for f in found.fields], "fields:", "fields", 6, critical=True)]
+    for table in found.tables.values():
+        title, rows = render(table)
+        secs.append(_Sec(rows, _clip(title, 4 * LINE_W), "rows", 5, critical=True))
+    if found.more_tables:
+        secs.append(_Sec([f"(+{found.more_tables} more record kinds)"], critical=True))
+    if isinstance(doc, dict) and not found.tables:
+        secs.append(_Sec([_clip(f"{k}: {_shape([v], 1)}", LINE_W) for k, v in doc.items()
+                          if isinstance(v, dict | list)], "structure:", "keys", 2))
+    if found.long_text:
+        secs.append(_Sec([", ".join(f"{k.lstrip('.')} ({n})" for k, n in found.long_text.items())],
+                         "long text left out: ", "", 2, inline=True))
+    dropped = "\n".join(found.dropped)
+    lines = text.splitlines()
+    strong, _ = flag_lines(lines) if len(lines) > 1 else ([], [])
+    if strong:
+        secs.append(_Sec(collapsed(lines, strong[:MAX_ERR]), "error lines:", "error lines", 8, critical=True))
+    elif dropped:
+        flagged = [line for line in found.dropped if STRONG_RE.search(line)]
+        secs.append(_Sec([_clip(x, ERR_W) for x in flagged[:MAX_ERR]], "error text:", "", 8, critical=True))
+    if dropped:
+        paths = find_paths(dropped)
+        ids = [_clip(t, VALUE_W) for t in find_ids(dropped, skip=paths)]
+        secs.append(_Sec(group_paths(paths), "paths in that text:", "directories", 4, critical=True))
+        secs.append(_Sec(ids, "ids in that text: ", "ids", 3, inline=True, critical=True))
+    return _layout(secs, max_chars, cap)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from proxy.layers.working_memory import (
     MAX_CONTENT_CHARS,
+    MAX_PER_RESULT,
     Entity,
     WorkingMemory,
     extract,
@@ -177,7 +178,9 @@ def test_items_without_id_or_name_are_skipped(item):
 
 def test_single_resource_shapes():
     bare = {"id": 7, "title": "Bare", "sections": [{"id": "s", "title": "S"}]}
-    assert extract("get_page", None, dumps(bare)) == [Entity("7", "Bare", "page")]
+    # nested records count too; the record the tool was about comes last, so it ends up most recent
+    assert extract("get_page", None, dumps(bare)) == [Entity("s", "S", "section"),
+                                                      Entity("7", "Bare", "page")]
     wrapped = {"data": {"id": "p-1", "name": "Wrapped"}}
     assert extract("get_page", None, dumps(wrapped)) == [Entity("p-1", "Wrapped", "page")]
     json_api = {"data": {"type": "articles", "id": "1", "attributes": {"title": "JSON:API"}}}
@@ -353,7 +356,8 @@ def test_observe_keeps_cap_and_unique_ids(batches, cap):
 def test_extract_never_raises(content, arguments, tool):
     found = extract(tool, arguments, content)
     assert all(isinstance(e, Entity) and e.id and e.name for e in found)
-    assert len(found) <= 3
+    assert len(found) <= MAX_PER_RESULT
+    assert extract(tool, arguments, content) == found
 
 
 @settings(max_examples=30, deadline=None)
@@ -363,3 +367,112 @@ def test_observe_messages_never_raises(messages, junk):
     memory = WorkingMemory()
     observe_messages(memory, [*messages, *junk])
     assert len(memory.entities) <= 10
+
+
+# --- identifier keys of any common shape, nested records (tau-bench, tau2, ToolBench shapes) ----------
+
+
+RESERVATION = {"reservation_id": "HXDUBJ", "user_id": "yara_garcia_1905", "origin": "IAH",
+               "destination": "SFO",
+               "flight_type": "round_trip", "flights": [
+                   {"origin": "IAH", "destination": "JFK", "flight_number": "HAT085", "date": "2024-05-18"},
+                   {"origin": "JFK", "destination": "SFO", "flight_number": "HAT023", "date": "2024-05-18"},
+                   {"origin": "SFO", "destination": "IAH", "flight_number": "HAT278", "date": "2024-05-22"},
+                   {"origin": "IAH", "destination": "SFO", "flight_number": "HAT999", "date": "2024-05-23"}],
+               "passengers": [{"first_name": "Yara", "last_name": "Garcia", "dob": "1974-08-15"}]}
+
+
+def test_reservation_with_nested_flights_typed_by_key():
+    found = extract("get_reservation_details", dumps({"reservation_id": "HXDUBJ"}), dumps(RESERVATION),
+                    max_from_list=2)
+    assert found == [Entity("HAT085", "origin IAH, destination JFK, date 2024-05-18", "flight"),
+                     Entity("HAT023", "origin JFK, destination SFO, date 2024-05-18", "flight"),
+                     Entity("HXDUBJ", "origin IAH, destination SFO, flight_type round_trip", "reservation")]
+
+
+def test_user_details_without_its_id_take_it_from_the_call():
+    result = {"name": {"first_name": "Yara", "last_name": "Garcia"}, "email": "y@example.com",
+              "payment_methods": {"gift_card_6941833": {"source": "gift_card", "amount": 152,
+                                                        "id": "gift_card_6941833"}}}
+    found = extract("get_user_details", dumps({"user_id": "yara_garcia_1905"}), dumps(result))
+    assert found == [Entity("gift_card_6941833", "source gift_card, amount 152", "payment_method"),
+                     Entity("yara_garcia_1905", "Yara Garcia", "user")]
+
+
+def test_search_results_with_no_type_in_the_tool_name():
+    flights = [{"flight_number": f"HAT0{i}", "origin": "EWR", "status": "available"} for i in range(5)]
+    found = extract("search_direct_flight", "{}", dumps(flights))
+    assert [e.id for e in found] == ["HAT00", "HAT01", "HAT02"] and {e.type for e in found} == {"flight"}
+
+
+@pytest.mark.parametrize(("key", "kind"), [
+    ("order_id", "order"), ("orderId", "order"), ("customerID", "customer"), ("ORDER_ID", "order"),
+    ("flight_number", "flight"), ("flightNumber", "flight"), ("promo_code", "promo"), ("item-id", "item"),
+    ("paymentMethodId", "payment_method"), ("ticket_key", "ticket"), ("sku", "product"),
+    ("uuid", "product"), ("code", "product"),
+])
+def test_identifier_key_shapes(key, kind):
+    found = extract("get_product", None, dumps({key: "X-123", "title": "Thing"}))
+    assert found == [Entity("X-123", "Thing", kind)]
+
+
+@pytest.mark.parametrize("key", ["zip_code", "status_code", "api_key", "phone_number", "card_number",
+                                 "request_id", "line_items", "valid", "item_ids"])
+def test_attribute_and_secret_keys_are_not_ids(key):
+    assert extract("run_command", None, dumps({key: "X123", "title": "Thing"})) == []
+
+
+def test_status_code_record_and_error_payload_are_not_entities():
+    assert extract("get_page", None, dumps({"code": 404, "message": "Not found"})) == []
+    assert extract("get_page", None, dumps({"error": {"id": "e1", "title": "Boom"}})) == []
+
+
+def test_telecom_records_labelled_by_their_fields():
+    line = {"line_id": "L1001", "phone_number": "555-123-2001", "status": "Active", "plan_id": "P1001"}
+    customer = {"customer_id": "C1001", "full_name": "John Smith", "line_ids": ["L1001", "L1002"]}
+    assert extract("get_details_by_id", dumps({"id": "L1001"}), dumps(line)) == [
+        Entity("L1001", "phone_number 555-123-2001, status Active", "line")]
+    assert extract("get_customer_by_phone", "{}", dumps(customer)) == [
+        Entity("C1001", "John Smith", "customer")]
+
+
+def test_bare_id_answer_of_an_id_lookup_tool():
+    arguments = dumps({"first_name": "Daiki", "last_name": "Sanchez", "zip": "46236"})
+    assert extract("find_user_id_by_name_zip", arguments, "daiki_sanchez_3253") == [
+        Entity("daiki_sanchez_3253", "Daiki Sanchez", "user")]
+    assert extract("get_flight_status", dumps({"flight_number": "HAT1"}), "available") == []
+    assert extract("find_user_id_by_email", "{}", "Error: User not found") == []
+
+
+def test_toolbench_wrapped_json_and_python_literals():
+    listing = dumps([{"id": "1", "title": "Rhubarb cordial"}, {"id": "2", "title": "Coffee cocktail"}])
+    wrapped = dumps({"error": "", "response": listing})
+    assert [e.id for e in extract("list_of_cocktails", None, wrapped)] == ["1", "2"]
+    python = dumps({"error": "", "response": "{'id': 'ACT_1', 'name': 'ACT - Agence', 'ok': True}"})
+    assert extract("get_transitaire", None, python) == [Entity("ACT_1", "ACT - Agence", "transitaire")]
+
+
+def test_one_result_never_floods_the_memory():
+    result = {"pages": pages(50), "sections": [{"id": f"s{i}", "title": "S"} for i in range(50)],
+              "images": [{"id": f"i{i}", "title": "I"} for i in range(50)], "id": "root", "title": "Root"}
+    found = extract("get_site", None, dumps(result), max_from_list=5)
+    assert len(found) == MAX_PER_RESULT and found[-1] == Entity("root", "Root", "site")
+
+
+def test_observe_messages_from_start_still_knows_earlier_calls():
+    messages = [
+        {"role": "assistant", "content": None, "tool_calls": [call("c1", "get_order", {"order_id": "#W1"})]},
+        {"role": "tool", "tool_call_id": "c1", "content": dumps({"order_id": "#W1", "status": "pending"})},
+        {"role": "assistant", "content": None, "tool_calls": [call("c2", "get_order", {"order_id": "#W2"})]},
+        {"role": "tool", "tool_call_id": "c2", "content": dumps({"order_id": "#W2", "status": "delivered"})},
+    ]
+    whole, tail = WorkingMemory(), WorkingMemory()
+    observe_messages(whole, messages)
+    observe_messages(tail, messages, start=3)
+    assert ids(whole) == ["#W2", "#W1"] and ids(tail) == ["#W2"]
+
+
+def test_saved_memories_of_the_first_format_still_load():
+    saved = {"version": 1, "max_entities": 10,
+             "entities": [{"id": "page-123", "name": "About Us", "type": "page"}]}
+    assert WorkingMemory.from_dict(saved).render().endswith('pages:\n  - "About Us" (page-123)')

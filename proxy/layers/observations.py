@@ -1,0 +1,71 @@
+"""Which messages are environment output, and where the task statement ends.
+
+Text-protocol agents (mini-swe-agent, SWE-agent, smolagents) send command output back as *user*
+messages. Those observations are tool results in all but name: layer 1 may summarize them, the window may
+mask them, and they are read back by a handle derived from their content (`obs-<12 hex>`), the same in
+every request and on every replica. Words a person typed are never treated so.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+from collections.abc import Sequence
+from typing import Any
+
+# Shapes of environment output that text-protocol agents send as user messages.
+DEFAULT_PATTERNS = (
+    r"\A\s*<returncode>",  # mini-swe-agent
+    r"\(Current directory: [^\n]*\)\s*\n?bash-\$\s*\Z",  # SWE-agent
+    r"\A\s*(?:Observation|OBSERVATION|Execution logs):",  # smolagents, ReAct loops
+)
+HANDLE_PREFIX = "obs-"
+
+
+class Observations:
+    """Classifies messages of one conversation; `patterns` extend the defaults (policy)."""
+
+    def __init__(self, patterns: Sequence[str] = (), size_tokens: int | None = None) -> None:
+        self._patterns = [re.compile(p) for p in (*DEFAULT_PATTERNS, *patterns)]
+        self.size_tokens = size_tokens  # a user message after the task over this is output, not typing
+
+    def matches(self, text: str) -> bool:
+        return any(p.search(text) for p in self._patterns)
+
+    def is_observation(self, message: dict[str, Any], tokens: int | None = None) -> bool:
+        """A user message holding environment output (by its shape, or by its sheer size)."""
+        content = message.get("content")
+        if message.get("role") != "user" or not isinstance(content, str):
+            return False
+        if self.matches(content):
+            return True
+        return self.size_tokens is not None and tokens is not None and tokens > self.size_tokens
+
+
+def handle_for(content: str) -> str:
+    """The call id an observation is stored and read back under: stable for the same text."""
+    return HANDLE_PREFIX + hashlib.sha256(content.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+
+
+def task_end(messages: list[dict[str, Any]]) -> int:
+    """Index after the system prompt(s), any opening assistant turns (a greeting) and the opening run of
+    user messages (a demonstration followed by the real issue): together, the task statement."""
+    index = 0
+    while index < len(messages) and messages[index].get("role") in ("system", "developer"):
+        index += 1
+    opening = index
+    while index < len(messages) and messages[index].get("role") == "assistant" \
+            and not messages[index].get("tool_calls"):
+        index += 1
+    if index >= len(messages) or messages[index].get("role") != "user":
+        return opening  # no task statement to protect (a pure tool loop)
+    while index < len(messages) and messages[index].get("role") == "user":
+        index += 1
+    return index
+
+
+@functools.lru_cache(maxsize=64)
+def for_policy(patterns: tuple[str, ...], size_tokens: int) -> Observations:
+    """One classifier per policy setting (compiled once)."""
+    return Observations(patterns, size_tokens)
