@@ -164,18 +164,22 @@ def slide_window(original: list[dict[str, Any]], forwarded: list[dict[str, Any]]
     newest = found[-keep_recent:] if keep_recent else []
     keep_from = window.turn_start(original, newest[0][0]) if newest else None
 
+    limit = math.floor(min(policy.budget.prune_at_pct, policy.budget.soft_warn_at_pct)
+                       * budget.window_for(policy, model) / (1 + policy.budget.pad_pct)) \
+        if policy.budget.enabled else None
     cut = window.sticky_cut(original, state, lambda t: tokens.text(t, model), context.now())
     view = window.kept_view(original, cut, observed)
     block = state.window.block_tokens if state.window.block else 0
     total = fixed + block + sum(count(forwarded[i]) for i in view)
-    start = max(cut or 0, window.head_end(original))  # what the cut removes needs no mask
-    # Masking keeps the conversation and breaks the cache only from the first masked result on; but if it
-    # cannot reach the low-water mark, eviction follows soon anyway: then evict now, one break, not two.
-    if total > budget_tokens and policy.tool_results.enabled and total - maskable(
-            original, forwarded, state, count, keep_recent, start=start,
-            observations=observations) <= low_water:
-        forwarded, total = prune(original, forwarded, state, context.store, count, total, low_water,
-                                 keep_recent, start=start, observations=observations)
+    if total > budget_tokens and policy.tool_results.enabled:
+        start = max(cut or 0, window.head_end(original))  # what the cut removes needs no mask
+        savings = maskable(original, forwarded, state, count, keep_recent, start=start,
+                           observations=observations)
+        target = masking_target(forwarded, savings, cut, total, count, state, budget_tokens, low_water,
+                                summary_tokens, fixed + block, observed, keep_from, limit)
+        if target is not None:
+            forwarded, total = prune(original, forwarded, state, context.store, count, total, target,
+                                     keep_recent, start=start, observations=observations)
 
     def keep(start: int, stop: int) -> dict[int, str]:
         return keep_evicted(original, start, stop, found, state, context.store)
@@ -184,12 +188,34 @@ def slide_window(original: list[dict[str, Any]], forwarded: list[dict[str, Any]]
         original, forwarded, state, count, lambda t: tokens.text(t, model),
         budget_tokens=budget_tokens, low_water_tokens=low_water, summary_tokens=summary_tokens,
         summary=policy.summary.enabled, fixed_tokens=fixed, now=context.now(), observed=observed,
-        keep_from=keep_from, keep=keep, limit_tokens=math.floor(
-            min(policy.budget.prune_at_pct, policy.budget.soft_warn_at_pct) * budget.window_for(policy, model)
-            / (1 + policy.budget.pad_pct)) if policy.budget.enabled else None)
+        keep_from=keep_from, keep=keep, limit_tokens=limit)
     if evicted:
         context.store.save_window(state)
     return original, forwarded, evicted
+
+
+def masking_target(forwarded: list[dict[str, Any]], savings: dict[int, int], cut: int | None, total: int,
+                   count: Callable[[dict[str, Any]], int], state: SessionState, budget_tokens: int,
+                   low_water: int, summary_tokens: int, fixed: int, observed: frozenset[int],
+                   keep_from: int | None, limit: int | None) -> int | None:
+    """How far to mask now, or None. Masking keeps the conversation (every assistant and user message)
+    and breaks the cache only from the first masked result on. If it alone reaches the low-water mark,
+    mask down to it; else mask all it may and evict in the same request (one cache break; the batch
+    then evicts fewer exchanges, since those it keeps are masked) — unless the two together would free
+    less than half a batch while the history is below the gate's warn level: a cache break for little."""
+    if total - sum(savings.values()) <= low_water:
+        return low_water
+    masked = {id(forwarded[i]): count(forwarded[i]) - saving for i, saving in savings.items()}
+
+    def count_masked(message: dict[str, Any]) -> int:
+        return masked.get(id(message)) or count(message)
+
+    plan = window.choose_cut(forwarded, count_masked, cut, fixed, budget_tokens,
+                             max(0, low_water - summary_tokens), observed, keep_from, limit)
+    after = fixed + sum(count_masked(forwarded[i]) for i in window.kept_view(forwarded, plan.cut, observed))
+    if total - after < (budget_tokens - low_water) // 2 and (limit is None or total <= limit):
+        return None
+    return 0
 
 
 def keep_evicted(original: list[dict[str, Any]], start: int, stop: int,

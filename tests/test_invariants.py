@@ -167,7 +167,8 @@ def test_every_layer_is_reachable_so_the_properties_are_not_vacuous():
     tool_turns = []
     for k in range(10):
         call = {"id": f"c{k}", "type": "function", "function": {"name": "run", "arguments": "{}"}}
-        tool_turns += [{"role": "assistant", "content": None, "tool_calls": [call]},
+        talk = "I will run the build now. " * 8
+        tool_turns += [{"role": "assistant", "content": talk, "tool_calls": [call]},
                        {"role": "tool", "tool_call_id": f"c{k}", "content": "build ok " * 60},
                        {"role": "user", "content": f"step {k} done, next"}]
     heavy = [{"role": "system", "content": "agent"}, {"role": "user", "content": "go"}, *tool_turns]
@@ -176,7 +177,8 @@ def test_every_layer_is_reachable_so_the_properties_are_not_vacuous():
     assert "pass" in gates and "prune" in gates
     results, store = replay(heavy, make_policy(1500))
     assert all(o is not None for _, o in results)  # with the window on, nothing is refused
-    assert store.get("tenant-a", "s1").window.headlines  # ... because exchanges were evicted
+    # ... because exchanges were evicted (masking old results alone cannot fit the talk around them)
+    assert store.get("tenant-a", "s1").window.headlines
     huge = [{"role": "system", "content": "agent"}, {"role": "user", "content": "word " * 3000}]
     results, _ = replay(huge, make_policy(1500))
     assert results[-1][1] is None  # refused: the task alone is over the window

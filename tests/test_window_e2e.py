@@ -170,7 +170,8 @@ def test_admin_search_is_off_without_a_token(proxy, fake_upstream):
 def test_model_headlines_arrive_in_the_background_and_show_from_the_next_batch(make_proxy, fake_upstream):
     proxy = make_proxy()
     (proxy.policies_dir / "heads.yaml").write_text(
-        "budget:\n  max_input_tokens: 4000\nsummary:\n  summarizer_model: head-model\n")
+        "budget:\n  max_input_tokens: 4000\nsummary:\n  summarizer_model: head-model\n"
+        "tool_results:\n  enabled: false\n")  # no masking: every batch evicts (what this test is about)
     fake_upstream.by_model["head-model"] = lambda seen: Step(content="MODEL HEADLINE: built a module")
     messages = [{"role": "system", "content": "You are a build agent."},
                 {"role": "user", "content": "Build every module."}]

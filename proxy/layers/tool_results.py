@@ -193,18 +193,20 @@ PLACEHOLDER_TOKENS = 48  # about what one placeholder costs (a handle, a gist, a
 
 def maskable(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state: SessionState,
              count: Callable[[dict[str, Any]], int], keep_recent: int, *, start: int = 0,
-             observations: Observations | None = None) -> int:
-    """About how many tokens `prune` could take off by masking everything it may (an estimate, for
+             observations: Observations | None = None) -> dict[int, int]:
+    """Indexes `prune` could mask, each with about how many tokens it would take off (an estimate, for
     choosing between masking and eviction before either changes anything)."""
     found = list(results(original, observations, start))
     candidates = found[:-keep_recent] if keep_recent else found
-    saving = 0
+    savings: dict[int, int] = {}
     for index, key in candidates:
         stored = state.lookup(*key)
         if stored is not None and stored.kind in (PLACEHOLDER, EVICTED):
             continue
-        saving += max(0, count(forwarded[index]) - PLACEHOLDER_TOKENS)
-    return saving
+        tokens = count(forwarded[index])
+        if tokens >= 2 * PLACEHOLDER_TOKENS:  # (prune skips results a placeholder would not halve)
+            savings[index] = tokens - PLACEHOLDER_TOKENS
+    return savings
 
 
 def prune(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state: SessionState,
@@ -221,25 +223,35 @@ def prune(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state
     found = [(i, key) for i, key in results(original, observations, start)
              if forwarded[i].get("tool_call_id") not in protected]
     candidates = found[:-keep_recent] if keep_recent else found
+    everywhere: dict[tuple[str, str], list[int]] = {}
+    for index, key in results(original, observations):
+        everywhere.setdefault(key, []).append(index)
     out = forwarded
     calls: dict[str, tuple[str, str | None]] | None = None
     for index, (call_id, content) in candidates:
         if total <= target:
             break
         stored = state.lookup(call_id, content)
-        if stored is not None and stored.kind in (PLACEHOLDER, EVICTED):
+        if stored is not None and stored.kind == EVICTED:
             continue
-        waiting = state.pending.pop((call_id, content), None)
-        handle = stored.handle if stored else waiting[0] if waiting else state.new_handle(call_id)
-        placeholder = placeholder_text(handle, content, count(original[index]))
-        if stored is None and len(placeholder) * 2 > len(content):
-            continue  # too small to be worth a placeholder (and a cache break)
-        calls = calls if calls is not None else calls_by_id(original)
-        stored = store.record(state, call_id, content, calls.get(call_id, (None, None))[0], placeholder,
-                              PLACEHOLDER, handle=handle)
-        new_message = {**forwarded[index], "content": stored.replacement}
-        total += count(new_message) - count(forwarded[index])
-        if out is forwarded:
-            out = list(forwarded)
-        out[index] = new_message
+        if stored is None or stored.kind != PLACEHOLDER:
+            waiting = state.pending.get((call_id, content))
+            handle = stored.handle if stored else waiting[0] if waiting else state.new_handle(call_id)
+            placeholder = placeholder_text(handle, content, count(original[index]))
+            if stored is None and len(placeholder) * 2 > len(content):
+                continue  # too small to be worth a placeholder (and a cache break)
+            state.pending.pop((call_id, content), None)
+            calls = calls if calls is not None else calls_by_id(original)
+            stored = store.record(state, call_id, content, calls.get(call_id, (None, None))[0], placeholder,
+                                  PLACEHOLDER, handle=handle)
+        # Every copy of the same result gets the same placeholder now, as later requests will give it.
+        for position in everywhere.setdefault((call_id, content), [index]):
+            if out[position].get("content") == stored.replacement or \
+                    out[position].get("tool_call_id") in protected:
+                continue  # masked before (or just now, where the same result came earlier)
+            new_message = {**out[position], "content": stored.replacement}
+            total += count(new_message) - count(out[position])
+            if out is forwarded:
+                out = list(forwarded)
+            out[position] = new_message
     return out, total
