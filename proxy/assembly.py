@@ -21,7 +21,7 @@ from typing import Any
 
 log = logging.getLogger("ctxproxy.assembly")
 
-HEAD, TAIL = "head", "tail"
+HEAD, TASK, TAIL = "head", "task", "tail"  # after the system prompt | after the task statement | late
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 
@@ -39,6 +39,7 @@ class Fragment:
 @dataclass
 class Assembly:
     head: list[dict[str, Any]] = field(default_factory=list)  # after the system prompt, in order
+    task: list[dict[str, Any]] = field(default_factory=list)  # after the task statement, in order
     tail: list[dict[str, Any]] = field(default_factory=list)  # before the last user message
     skipped: list[str] = field(default_factory=list)
     tokens: dict[str, int] = field(default_factory=dict)
@@ -104,17 +105,22 @@ def assemble(sources: list[Source], query: str, tokens_max: int, time_ms: float,
     chosen.sort(key=lambda f: f.precedence)
     for fragment in chosen:
         message = {"role": role, "content": fragment.text}
-        (result.head if fragment.placement == HEAD else result.tail).append(message)
+        {HEAD: result.head, TASK: result.task}.get(fragment.placement, result.tail).append(message)
         result.tokens[fragment.source] = result.tokens.get(fragment.source, 0) + fragment.tokens
     result.duration_ms = (clock() - started) * 1000
     return result
 
 
-def place(messages: list[dict[str, Any]], assembly: Assembly, system_end: int) -> list[dict[str, Any]]:
-    """Insert the blocks: head after the system prompt; tail before a final user message, else last."""
-    if not assembly.head and not assembly.tail:
+def place(messages: list[dict[str, Any]], assembly: Assembly, system_end: int,
+          task_end: int | None = None) -> list[dict[str, Any]]:
+    """Insert the blocks: head after the system prompt, task after the task statement (so a block that
+    changes with each eviction batch leaves the system prompt and the task in the provider's cache), tail
+    before a final user message, else last."""
+    if not assembly.head and not assembly.task and not assembly.tail:
         return messages  # unchanged: the request can go upstream byte for byte
-    out = [*messages[:system_end], *assembly.head, *messages[system_end:]]
+    task_end = system_end if task_end is None else max(task_end, system_end)
+    out = [*messages[:system_end], *assembly.head, *messages[system_end:task_end], *assembly.task,
+           *messages[task_end:]]
     if not assembly.tail:
         return out
     if out and out[-1].get("role") == "user":

@@ -15,7 +15,7 @@ from typing import Any
 
 from proxy import budget
 from proxy.archive import TableRow, utc_now
-from proxy.assembly import HEAD, TAIL, Assembly, Fragment, assemble, place
+from proxy.assembly import HEAD, TAIL, TASK, Assembly, Fragment, assemble, place
 from proxy.checkpoint import write_checkpoint
 from proxy.errors import ContextLengthExceeded
 from proxy.internal_tools import client_defines_internal_name, with_internal_tools
@@ -120,8 +120,10 @@ def _run(conversation: Conversation, context: PipelineContext, state: SessionSta
     if policy.working_memory.enabled:
         observe_entities(conversation.messages, state, context)
     blocks = assemble_blocks(original, state, context, model)
-    system_end = window.leading_system(original)
-    original, messages = place(original, blocks, system_end), place(messages, blocks, system_end)
+    # (the task ends where it ended before the window: an anchor kept after it is not part of it)
+    system_end, task_end = window.leading_system(original), window.head_end(conversation.messages)
+    original, messages = (place(original, blocks, system_end, task_end),
+                          place(messages, blocks, system_end, task_end))
     state.injected_tokens = sum(v for k, v in blocks.tokens.items() if k != "summary")
     tools = _tools_for(conversation.tools, state, policy, can_offer_tools)
     total = tokens.request(messages, tools, model)
@@ -164,7 +166,7 @@ def slide_window(original: list[dict[str, Any]], forwarded: list[dict[str, Any]]
     newest = found[-keep_recent:] if keep_recent else []
     keep_from = window.turn_start(original, newest[0][0]) if newest else None
 
-    limit = math.floor(min(policy.budget.prune_at_pct, policy.budget.soft_warn_at_pct)
+    limit = math.floor(policy.budget.prune_at_pct
                        * budget.window_for(policy, model) / (1 + policy.budget.pad_pct)) \
         if policy.budget.enabled else None
     cut = window.sticky_cut(original, state, lambda t: tokens.text(t, model), context.now())
@@ -202,7 +204,7 @@ def masking_target(forwarded: list[dict[str, Any]], savings: dict[int, int], cut
     and breaks the cache only from the first masked result on. If it alone reaches the low-water mark,
     mask down to it; else mask all it may and evict in the same request (one cache break; the batch
     then evicts fewer exchanges, since those it keeps are masked) — unless the two together would free
-    less than half a batch while the history is below the gate's warn level: a cache break for little."""
+    less than half a batch while the history is below where the gate prunes: a cache break for little."""
     if total - sum(savings.values()) <= low_water:
         return low_water
     masked = {id(forwarded[i]): count(forwarded[i]) - saving for i, saving in savings.items()}
@@ -259,14 +261,14 @@ def assemble_blocks(original: list[dict[str, Any]], state: SessionState, context
 
     def summary() -> list[Fragment]:
         block = state.window.block if policy.summary.enabled and state.window.cut is not None else None
-        return [Fragment("summary", block, state.window.block_tokens, 2, HEAD, recency=0.5)] if block else []
+        return [Fragment("summary", block, state.window.block_tokens, 2, TASK, recency=0.5)] if block else []
 
     last_user: dict[str, Any] = next((m for m in reversed(original) if m.get("role") == "user"), {})
     content = last_user.get("content")
     query = content if isinstance(content, str) else ""
     def folded_memory() -> list[Fragment]:
         text = render_folded(state.folded) if policy.folded.enabled else ""
-        return [Fragment("folded", text, tokens.text(text, model), 3, HEAD, recency=0.7)] if text else []
+        return [Fragment("folded", text, tokens.text(text, model), 3, TASK, recency=0.7)] if text else []
 
     sources = [("pinned", pinned), ("summary", summary), ("folded", folded_memory),
                ("working_memory", working_memory)]
