@@ -9,6 +9,7 @@ id litellm knows, the window of the model that produced it is given here explici
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
@@ -72,6 +73,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    logging.getLogger("ctxproxy").setLevel(logging.ERROR)  # the gate's once-per-session warnings
     loaded = PolicyStore(ROOT / "policies").get(args.policy)
     results = []
     for window in args.windows.split(","):
