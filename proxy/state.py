@@ -23,6 +23,7 @@ from proxy.layers.splices import loads as load_splices
 from proxy.layers.working_memory import WorkingMemory
 
 CACHE_BYTES = 64 * 1024 * 1024  # the default byte budget of the in-process session cache
+UNKNOWN_HISTORY = 1 << 30  # history_len of a session rebuilt from the archive
 _SESSION_OVERHEAD = 4096  # rough fixed cost of one cached session (dicts, memory blocks)
 
 
@@ -181,6 +182,10 @@ class StateStore:
                 headlines=[Headline(**h) for h in orjson.loads(window["headlines"])], block=window["block"])
         if state.window.block:
             state.size += len(state.window.block) * 2
+        if state.by_handle or state.window.cut is not None or state.memory_seen:
+            # A session that existed before (a restart, or it left the cache): what the client sent
+            # before is unknown, so treat it all as sent (cached), never as new.
+            state.history_len = UNKNOWN_HISTORY
         with self._lock:
             existing = self._sessions.get(key)
             if existing is not None:  # another thread built it meanwhile: one state per session

@@ -108,3 +108,17 @@ def test_token_memo_keeps_no_long_text_alive_and_still_hits_for_a_resent_copy(mo
     again = [counter.message({"role": "tool", "tool_call_id": f"c{n}", "content": "".join([text])}, "gpt-4o")
              for n, text in enumerate(contents)]
     assert again == counts and recounted == []
+
+
+def test_a_rebuilt_session_treats_everything_as_already_sent():
+    """After a restart the proxy does not know what the provider has cached: no result counts as new,
+    so no waiting summary lands in the middle of the cached history just because the state was lost."""
+    archive = MemoryArchive()
+    store = StateStore(persist=archive.persist, lookup=archive, barrier=archive.barrier)
+    state = store.get("tenant", "s1")
+    assert state.history_len == 0  # a new session: nothing was sent before
+    store.record(state, "call", "x" * 1000, "run", "summary", "summary")
+    archive.barrier()
+    restarted = StateStore(persist=archive.persist, lookup=archive, barrier=archive.barrier)
+    assert restarted.get("tenant", "s1").history_len >= 1 << 30
+    assert restarted.get("tenant", "s2").history_len == 0

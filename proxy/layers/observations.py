@@ -21,6 +21,7 @@ DEFAULT_PATTERNS = (
     r"\A\s*(?:Observation|OBSERVATION|Execution logs):",  # smolagents, ReAct loops
 )
 HANDLE_PREFIX = "obs-"
+CHARS_PER_TOKEN = 4
 
 
 class Observations:
@@ -28,19 +29,21 @@ class Observations:
 
     def __init__(self, patterns: Sequence[str] = (), size_tokens: int | None = None) -> None:
         self._patterns = [re.compile(p) for p in (*DEFAULT_PATTERNS, *patterns)]
-        self.size_tokens = size_tokens  # a user message after the task over this is output, not typing
+        # A user message after the task over this many tokens is output, not typing (by characters:
+        # ~4 a token, so the test is cheap enough to run on every message of every request).
+        self.size_chars = size_tokens * CHARS_PER_TOKEN if size_tokens is not None else None
 
     def matches(self, text: str) -> bool:
         return any(p.search(text) for p in self._patterns)
 
-    def is_observation(self, message: dict[str, Any], tokens: int | None = None) -> bool:
+    def is_observation(self, message: dict[str, Any]) -> bool:
         """A user message holding environment output (by its shape, or by its sheer size)."""
         content = message.get("content")
         if message.get("role") != "user" or not isinstance(content, str):
             return False
-        if self.matches(content):
+        if self.size_chars is not None and len(content) > self.size_chars:
             return True
-        return self.size_tokens is not None and tokens is not None and tokens > self.size_tokens
+        return self.matches(content)
 
 
 def handle_for(content: str) -> str:

@@ -56,7 +56,7 @@ def test_observation_shapes_and_stable_handles():
     assert observations.is_observation(
         {"role": "user", "content": "x\n(Open file: n/a)\n(Current directory: /repo)\nbash-$"})
     assert not observations.is_observation({"role": "user", "content": "please also fix the tests"})
-    assert observations.is_observation({"role": "user", "content": "a pasted log"}, tokens=900)
+    assert observations.is_observation({"role": "user", "content": "a pasted log line\n" * 200})
     assert not observations.is_observation({"role": "assistant", "content": "<returncode>0</returncode>"})
     assert handle_for("abc") == handle_for("abc") != handle_for("abd")
     assert handle_for("abc").startswith("obs-") and len(handle_for("abc")) == 16
