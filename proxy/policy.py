@@ -6,6 +6,7 @@ import functools
 import logging
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -19,6 +20,14 @@ from proxy.tokens import TokenCounter
 log = logging.getLogger("ctxproxy.policy")
 
 POLICY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def _check_regexes(key: str, patterns: Iterable[str]) -> None:
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"{key}: {pattern!r} is not a valid regex: {exc}") from None
 
 
 class _Section(BaseModel):
@@ -40,11 +49,7 @@ class ToolResultsPolicy(_Section):
 
     @model_validator(mode="after")
     def _observation_patterns_compile(self) -> ToolResultsPolicy:
-        for pattern in self.observation_patterns:
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"observation_patterns: {pattern!r} is not a valid regex: {exc}") from None
+        _check_regexes("observation_patterns", self.observation_patterns)
         return self
 
 
@@ -99,11 +104,7 @@ class WorkingMemoryPolicy(_Section):
 
     @model_validator(mode="after")
     def _patterns_compile(self) -> WorkingMemoryPolicy:
-        for pattern in self.type_patterns:
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"type_patterns: {pattern!r} is not a valid regex: {exc}") from None
+        _check_regexes("type_patterns", self.type_patterns)
         return self
 
 
