@@ -7,6 +7,7 @@ they consume, so the work stays linear even on a megabyte-long line.
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Iterable
 
@@ -22,6 +23,10 @@ WEAK_RE = re.compile(r"(?i)warn|denied|refused|timeout|timed out|\bassert\b")
 # warning "x.py:3: DeprecationWarning: …" is not a frame).
 FRAME_RE = re.compile(r'^\s*File "[^"]*", line \d+|^[\w./\\-]+\.\w+:\d+: (?:in \S+|\w+)\s*$')
 TB_RE = re.compile(r"Traceback \(most recent call last\):")
+_STRONG_M, _WEAK_M = (re.compile(p.pattern, re.M) for p in (STRONG_RE, WEAK_RE))  # over many lines at once
+# Every match of STRONG_RE / WEAK_RE contains one of these (lower-cased): the cheap first pass.
+STRONG_WORDS = ("error", "exception", "traceback", "fail", "fatal", "panic", "passed")
+WEAK_WORDS = ("warn", "denied", "refused", "timeout", "timed out", "assert")
 # The lookbehind holds every character a path may contain, so a match starts only at the start of a run.
 PATH_RE = re.compile(r"(?<![\w/.@+\\:~-])(?:(?:~|\.\.?)/[\w.@+-]+(?:/[\w.@+-]+)*|/[\w.@+-]+(?:/[\w.@+-]+)+"
                      r"|/[\w@+-][\w.@+-]*\.[A-Za-z]\w{0,7}\b|(?:[\w.@+-]+/)+[\w@+-][\w.@+-]*"
@@ -37,22 +42,64 @@ MAX_TOKENS = 5000  # distinct paths or ids collected; the rest is counted, bound
 def flag_lines(lines: list[str]) -> tuple[list[int], list[int]]:
     """(strong, weak) line indices: error lines, traceback frames with their source line and the exception
     line that ends a traceback (e.g. "KeyboardInterrupt", which names no error)."""
+    joined = "\n".join(lines)  # one regex pass over the text instead of three searches per line
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line) + 1)
+    lowered = joined.lower()
+    if len(lowered) == len(joined):  # (lower() keeps offsets, but for a few characters such as "İ")
+        strong_at = {i for i in _lines_with(lowered, STRONG_WORDS, starts) if STRONG_RE.search(lines[i])}
+        weak_at = {i for i in _lines_with(lowered, WEAK_WORDS, starts) if WEAK_RE.search(lines[i])}
+    else:
+        strong_at = _lines_matching(_STRONG_M, joined, starts)
+        weak_at = _lines_matching(_WEAK_M, joined, starts)
+    traceback_at = _lines_matching(TB_RE, joined, starts)
     strong: list[int] = []
     weak: list[int] = []
     in_tb = after_frame = False
     for i, line in enumerate(lines):
         frame = bool(FRAME_RE.match(line))
-        hit = frame or bool(STRONG_RE.search(line)) or (after_frame and line[:1].isspace() and line.strip())
-        if TB_RE.search(line):
+        hit = frame or i in strong_at or (after_frame and line[:1].isspace() and line.strip())
+        if i in traceback_at:
             in_tb = True
         elif in_tb and line.strip() and not line[0].isspace():
             hit, in_tb = True, False
         after_frame = frame
         if hit:
             strong.append(i)
-        elif WEAK_RE.search(line):
+        elif i in weak_at:
             weak.append(i)
     return strong, weak
+
+
+def _lines_with(lowered: str, words: tuple[str, ...], starts: list[int]) -> set[int]:
+    """Lines holding any of `words` (lower case), found with str.find: the candidates a regex then checks
+    line by line (a case-insensitive regex over megabytes is ten times slower than finding the words)."""
+    found: set[int] = set()
+    last = len(starts) - 2
+    for word in words:
+        position = lowered.find(word)
+        while position != -1:
+            index = bisect.bisect_right(starts, position) - 1
+            found.add(index)
+            if index >= last:
+                break
+            position = lowered.find(word, starts[index + 1])
+    return found
+
+
+def _lines_matching(pattern: re.Pattern[str], joined: str, starts: list[int]) -> set[int]:
+    """Indices of the lines (joined by newlines, starting at `starts`) where `pattern` matches: one search
+    per matching line, resumed at the next line."""
+    found: set[int] = set()
+    position, last = 0, len(starts) - 2
+    while (match := pattern.search(joined, position)) is not None:
+        index = bisect.bisect_right(starts, match.start()) - 1
+        found.add(index)
+        if index >= last:
+            break
+        position = starts[index + 1]
+    return found
 
 
 def collapsed(lines: list[str], indices: list[int], base: int = 0, width: int = ERR_W) -> list[str]:
