@@ -9,7 +9,8 @@ from proxy.summarize.salient import FRAME_RE, STRONG_RE, TB_RE, WEAK_RE, flag_li
 
 PIECES = ["Error", "ERROR", "error:", "warn", "Traceback (most recent call last):", '  File "x.py", line 3',
           "FAIL", "=== 2 failed, 3 passed ===", "\u0130stanbul error", "TIMED OUT", "assert x", "HTTPError",
-          "should_errors", "panic:", "==== 3 passed in 1s", "ok", "  indented", "x", "\u0130", "KeyboardInterrupt", "terror"]
+          "should_errors", "panic:", "==== 3 passed in 1s", "ok", "  indented", "x", "\u0130",
+          "KeyboardInterrupt", "terror"]
 
 
 def reference(lines: list[str]) -> tuple[list[int], list[int]]:
