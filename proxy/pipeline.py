@@ -147,8 +147,9 @@ def slide_window(original: list[dict[str, Any]], forwarded: list[dict[str, Any]]
                  observations: Observations) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
                                                       list[Evicted]]:
     """Layer 3: over the window's budget, mask old results first (placeholders naming their handles,
-    the conversation itself stays); only if that is not enough, evict whole exchanges. Both in batches
-    down to the low-water mark, so the cached prefix survives between batches."""
+    the conversation itself stays); if that alone cannot reach the low-water mark, mask all that may be
+    and evict whole exchanges in the same request (see masking_target). One batch at a time, so the
+    cached prefix survives between batches."""
     policy, tokens, model = context.policy.policy, context.tokens, conversation.model
     budget_tokens = policy.window.max_tokens or math.floor(
         policy.window.max_pct * budget.window_for(policy, model))
@@ -177,7 +178,7 @@ def slide_window(original: list[dict[str, Any]], forwarded: list[dict[str, Any]]
         start = max(cut or 0, window.head_end(original))  # what the cut removes needs no mask
         savings = maskable(original, forwarded, state, count, keep_recent, start=start,
                            observations=observations)
-        target = masking_target(forwarded, savings, cut, total, count, state, budget_tokens, low_water,
+        target = masking_target(forwarded, savings, cut, total, count, budget_tokens, low_water,
                                 summary_tokens, fixed + block, observed, keep_from, limit)
         if target is not None:
             forwarded, total = prune(original, forwarded, state, context.store, count, total, target,
@@ -197,7 +198,7 @@ def slide_window(original: list[dict[str, Any]], forwarded: list[dict[str, Any]]
 
 
 def masking_target(forwarded: list[dict[str, Any]], savings: dict[int, int], cut: int | None, total: int,
-                   count: Callable[[dict[str, Any]], int], state: SessionState, budget_tokens: int,
+                   count: Callable[[dict[str, Any]], int], budget_tokens: int,
                    low_water: int, summary_tokens: int, fixed: int, observed: frozenset[int],
                    keep_from: int | None, limit: int | None) -> int | None:
     """How far to mask now, or None. Masking keeps the conversation (every assistant and user message)

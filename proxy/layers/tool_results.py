@@ -106,20 +106,17 @@ def summarize_large(messages: list[dict[str, Any]], state: SessionState, store: 
             message = messages[index]
             if not enabled or key in state.kept or count(message) <= threshold_tokens:
                 continue
+            calls = calls if calls is not None else calls_by_id(messages)
+            tool, arguments = calls.get(key[0], (None, None))  # (an observation's obs- id names no call)
             waiting_summary = state.pending.get(key)
             if waiting_summary is None:
-                if calls is None:
-                    calls = calls_by_id(messages)
-                tool, arguments = calls.get(key[0], (None, None)) if message.get("role") == "tool" \
-                    else (None, None)
                 handle = state.new_handle(key[0])
                 summary = _summary_for(handle, key, message, count, tool, arguments, prepared)
                 if summary is None:
                     state.kept.add(key)  # not clearly smaller: decided once, sticky
                     continue
                 waiting_summary = state.pending[key] = (handle, summary)
-            tool_name = calls.get(key[0], (None, None))[0] if calls else None
-            waiting.append((index, key, waiting_summary, tool_name))
+            waiting.append((index, key, waiting_summary, tool))
             continue
         if stored.kind == EVICTED:
             continue  # kept for read-back only; its message is out of the prompt
