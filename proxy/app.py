@@ -13,14 +13,13 @@ from typing import Any, TypeVar
 
 import anyio
 import httpx
-import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from proxy import commands, heavy, model_summary, pipeline, round_stream, rounds, validate
+from proxy import commands, heavy, model_summary, pipeline, rounds
 from proxy.archive import ArchiveWriter, ExchangeRecord, request_params, utc_now
 from proxy.config import Config, ServerConfig
 from proxy.errors import ContextLengthExceeded, CtxProxyError, PayloadTooLarge, RequestTimeout
@@ -34,7 +33,6 @@ from proxy.relay import archived, open_and_read, relay_rest, relay_stream
 from proxy.routes import (
     admin_pins,
     admin_search,
-    error_response,
     handle_client_disconnect,
     handle_http_exception,
     handle_proxy_error,
@@ -48,18 +46,18 @@ from proxy.session import Session, identify
 from proxy.state import SessionState, StateStore
 from proxy.tokens import TokenCounter, model_window
 from proxy.upstream import ClientDisconnected, Upstream, response_headers, unless_disconnected
+from proxy.wire import Decoded, WireFormat
+from proxy.wire.chat import CHAT
+from proxy.wire.messages_format import MESSAGES
 
 log = logging.getLogger("ctxproxy")
 T = TypeVar("T")
-
-CHAT_ROUTE = "chat/completions"
-
 
 @dataclass
 class ProxyState:
     config: Config
     policies: PolicyStore
-    upstream: Upstream
+    upstreams: dict[str, Upstream]  # by wire format: chat (OpenAI-compatible), messages (Anthropic)
     archive: ArchiveWriter
     tokens: TokenCounter
     metrics: Metrics
@@ -68,6 +66,11 @@ class ProxyState:
     pins: PinStore
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
+    @property
+    def upstream(self) -> Upstream:
+        """The OpenAI-compatible upstream (summarizer and folding models are called there)."""
+        return self.upstreams[CHAT.name]
+
     def background(self, work: Coroutine[Any, Any, None]) -> None:
         """Fire and forget, but keep a reference (and cancel leftovers at shutdown)."""
         task = asyncio.get_running_loop().create_task(work)
@@ -75,21 +78,31 @@ class ProxyState:
         task.add_done_callback(self.tasks.discard)
 
 
-# ------------------------------------------------------------------------------------ chat path
+# ------------------------------------------------------------------------------ the request path
 
 async def chat_completions(request: Request) -> Response:
+    return await converse(request, CHAT)
+
+
+async def messages(request: Request) -> Response:
+    return await converse(request, MESSAGES)
+
+
+async def converse(request: Request, wire: WireFormat) -> Response:
+    """One client request in any wire format: decode, rewrite, forward (answering our tools), archive."""
     started = time.perf_counter()
     state: ProxyState = request.app.state.proxy
     policy = select_policy(request, state.policies)
     raw = await read_body(request, state.config.server)
-    body = await off_loop_if_large(len(raw), parse_chat_request, raw)
-    tenant, session = identify(request.headers, body)  # keyless clients: a tenant per session
+    decoded = await off_loop_if_large(len(raw), wire.decode, raw)
+    tenant, session = identify(request.headers, decoded.session_body)  # keyless: a tenant per session
+    upstream = state.upstreams[wire.name]
 
-    command = commands.parse(body, policy.policy.commands)
+    command = commands.parse({"messages": decoded.messages}, policy.policy.commands)
     if command is not None:
-        return await answer_command(state, body, policy, session, tenant, command, started)
+        return await answer_command(state, wire, decoded, policy, session, tenant, command, started)
 
-    conversation = pipeline.Conversation(str(body.get("model") or ""), body["messages"], body.get("tools"))
+    conversation = pipeline.Conversation(decoded.model, decoded.messages, decoded.tools)
     context = pipeline.PipelineContext(policy, session, tenant, state.tokens, state.store,
                                        state.config.data_dir / "checkpoints",
                                        pins=lambda: state.pins.list(policy.name, tenant, session.id))
@@ -98,14 +111,14 @@ async def chat_completions(request: Request) -> Response:
         if pending:
             layer1 = policy.policy.tool_results
             context.prepared = await model_summary.prepare(
-                state.upstream, state.upstream.request_headers(request.headers, identity=True),
+                state.upstreams[CHAT.name], state.upstream.request_headers(request.headers, identity=True),
                 str(layer1.summarizer_model), pending, layer1.summarizer_timeout_s)
     try:
         # Token counting, summaries and archive lookups are input-sized: never on the event loop.
         outcome, content, session_state = await anyio.to_thread.run_sync(
-            rewrite, conversation, context, body, raw)
+            rewrite, conversation, context, decoded)
     except ContextLengthExceeded as refusal:
-        return await refused(state, request, body, policy, session, tenant, refusal, started)
+        return await refused(state, wire, decoded, policy, session, tenant, refusal, started)
     if outcome.evicted:  # model-written headlines and episodes never block a request
         model_summary.after_eviction(state.background, state.upstream,
                                      state.upstream.request_headers(request.headers, identity=True),
@@ -113,47 +126,50 @@ async def chat_completions(request: Request) -> Response:
     state.metrics.observe_blocks(policy.name, outcome.blocks)
     state.metrics.gate.labels(policy.name, outcome.gate).inc()
     ours = ctxproxy_headers(session, policy, outcome)
-    headers = state.upstream.request_headers(request.headers, identity=True)
+    headers = upstream.request_headers(request.headers, identity=True)
     query = request.url.query.encode()
-    stream = body.get("stream") is True
-    rc = rounds_context(state, request, body, conversation, outcome, context, headers, content)
+    rc = rounds_context(state, request, wire, decoded, outcome, context, headers, content)
 
     async def done() -> None:  # the end of a stream (relay.archived awaits it however the stream ends)
-        await finish(state, rc.records, started, policy.name)
+        await finish(state, wire, rc.records, started, policy.name)
 
     try:
-        if stream:
+        if decoded.stream:
             response = await unless_disconnected(
-                state.upstream.open("POST", "/" + CHAT_ROUTE, query, headers, content), request.receive)
+                upstream.open("POST", wire.upstream_path, query, headers, content), request.receive)
         elif outcome.internal_tools:
             response, payload, rest = await unless_disconnected(rounds.complete(rc), request.receive)
         else:
             response, payload, rest = await unless_disconnected(
-                open_and_read(state.upstream, headers, content, query, rc), request.receive)
+                open_and_read(upstream, headers, content, query, rc), request.receive)
     except (CtxProxyError, ClientDisconnected) as exc:
         failed = rc.records[-1] if rc.records else rc.new_record(outcome.messages, None)
         failed.status = exc.status if isinstance(exc, CtxProxyError) else 499
         failed.error = exc.message if isinstance(exc, CtxProxyError) else "client disconnected"
         rc.records[-1:] = [failed]
-        await finish(state, rc.records, started, policy.name)
-        return Response(status_code=499) if isinstance(exc, ClientDisconnected) else error_response(exc, ours)
+        await finish(state, wire, rc.records, started, policy.name)
+        if isinstance(exc, ClientDisconnected):
+            return Response(status_code=499)
+        return Response(wire.error_body(exc), status_code=exc.status, headers=ours,
+                        media_type="application/json")
 
     relayed = response_headers(response.headers, keep_length=False) | ours
-    if not stream and rest is not None:  # over upstream.max_response_bytes: relayed, never held whole
+    if not decoded.stream and rest is not None:  # over upstream.max_response_bytes: relayed, never held
         return StreamingResponse(relay_rest(payload, rest, rc.records[-1], done),
                                  status_code=response.status_code, headers=relayed)
-    if not stream:
-        await finish(state, rc.records, started, policy.name)
+    if not decoded.stream:
+        await finish(state, wire, rc.records, started, policy.name)
         return Response(payload, status_code=response.status_code, headers=relayed)
-    state.metrics.added_seconds.labels(CHAT_ROUTE).observe(time.perf_counter() - started)
+    state.metrics.added_seconds.labels(wire.route).observe(time.perf_counter() - started)
     if outcome.internal_tools and response.status_code == 200:
-        events = round_stream.stream(rc, response)
+        events = wire.stream_rounds(rc, response)
     else:
         rc.records.append(rc.new_record(outcome.messages, None))
         rc.records[-1].status = response.status_code
-        events = relay_stream(response, rc.records[-1], state.upstream.max_response_bytes)
-    return StreamingResponse(archived(events, rc.records, done), status_code=response.status_code,
-                             headers=relayed)
+        events = relay_stream(response, rc.records[-1], upstream.max_response_bytes, wire.watch(),
+                              wire.error_event)
+    return StreamingResponse(archived(events, rc.records, done, wire.done_markers, wire.error_event),
+                             status_code=response.status_code, headers=relayed)
 
 
 async def read_body(request: Request, server: ServerConfig) -> bytes:
@@ -177,58 +193,46 @@ async def read_body(request: Request, server: ServerConfig) -> bytes:
     return b"".join(chunks)
 
 
-def rewrite(conversation: pipeline.Conversation, context: pipeline.PipelineContext, body: dict[str, Any],
-            raw: bytes) -> tuple[pipeline.Outcome, bytes, SessionState]:
+def rewrite(conversation: pipeline.Conversation, context: pipeline.PipelineContext,
+            decoded: Decoded) -> tuple[pipeline.Outcome, bytes, SessionState]:
     """The pipeline and the bytes to forward (worker thread). Unchanged requests go out byte for byte."""
     outcome = pipeline.run(conversation, context)
-    content = raw if not outcome.changed else rewritten_body(body, outcome)
+    if outcome.changed:
+        content = decoded.encode(outcome.messages, outcome.original or conversation.messages, outcome.tools)
+    else:
+        content = decoded.encode(conversation.messages, conversation.messages, conversation.tools)
     return outcome, content, context.store.get(context.tenant, context.session.id)
 
 
-def parse_chat_request(raw: bytes) -> dict[str, Any]:
-    """The body, or an OpenAI-shaped 400 naming the field (see proxy/validate.py)."""
-    return validate.parse_chat_request(raw)
-
-
-def rewritten_body(body: dict[str, Any], outcome: pipeline.Outcome) -> bytes:
-    """Re-serialize with the new messages/tools; key order and unknown fields are kept."""
-    updated = dict(body)
-    updated["messages"] = outcome.messages
-    if outcome.tools is not None:
-        updated["tools"] = outcome.tools
-    return orjson.dumps(updated)
-
-
-def exchange_record(body: dict[str, Any], policy: LoadedPolicy, session: Session, tenant: str,
+def exchange_record(wire: WireFormat, decoded: Decoded, policy: LoadedPolicy, session: Session, tenant: str,
                     **fields: Any) -> ExchangeRecord:
     """The archive record of one upstream call (or of an answer the proxy gave itself)."""
     return ExchangeRecord(
         id=uuid.uuid4().hex, created_at=utc_now(), session_id=session.id, session_source=session.source,
-        tenant=tenant, policy=policy.name, route=CHAT_ROUTE, model=body.get("model"),
-        stream=body.get("stream") is True, request_messages=body["messages"], params=request_params(body),
-        **fields)
+        tenant=tenant, policy=policy.name, route=wire.route, model=decoded.model,
+        stream=decoded.stream, request_messages=decoded.messages,
+        params=request_params(decoded.params or decoded.body), **fields)
 
 
-def rounds_context(state: ProxyState, request: Request, body: dict[str, Any],
-                   conversation: pipeline.Conversation, outcome: pipeline.Outcome,
-                   context: pipeline.PipelineContext, headers: dict[str, str],
+def rounds_context(state: ProxyState, request: Request, wire: WireFormat, decoded: Decoded,
+                   outcome: pipeline.Outcome, context: pipeline.PipelineContext, headers: dict[str, str],
                    content: bytes) -> rounds.RoundsContext:
     """Everything an exchange needs past the pipeline: upstream call(s) and their archive records."""
-    model, tokens = conversation.model, state.tokens
+    model, tokens = decoded.model, state.tokens
     layer1 = context.policy.policy.tool_results
 
     def new_record(forwarded: list[dict[str, Any]], _gate: Any) -> ExchangeRecord:
         return exchange_record(
-            body, context.policy, context.session, context.tenant,
-            forwarded_messages=forwarded if forwarded is not body["messages"] else None,
+            wire, decoded, context.policy, context.session, context.tenant,
+            forwarded_messages=forwarded if forwarded is not decoded.messages else None,
             tokens_before=outcome.tokens_before, gate=outcome.gate,
             tokens_after=outcome.tokens_after if forwarded is outcome.messages
             else tokens.request(forwarded, outcome.tools, model))
 
     return rounds.RoundsContext(
-        upstream=state.upstream, path="/" + CHAT_ROUTE, query=request.url.query.encode(), headers=headers,
-        body=body, original=outcome.original or body["messages"], forwarded=outcome.messages,
-        tools=outcome.tools,
+        upstream=state.upstreams[wire.name], wire=wire, decoded=decoded, path=wire.upstream_path,
+        query=request.url.query.encode(), headers=headers,
+        original=outcome.original or decoded.messages, forwarded=outcome.messages, tools=outcome.tools,
         first_content=content,
         tool_context=ToolContext(state.store, context.tenant, context.session.id, layer1.read_page_chars,
                                  search=state.reader.recall, policy=context.policy.name,
@@ -241,8 +245,8 @@ def rounds_context(state: ProxyState, request: Request, body: dict[str, Any],
         new_record=new_record)
 
 
-async def answer_command(state: ProxyState, body: dict[str, Any], policy: LoadedPolicy, session: Session,
-                         tenant: str, command: tuple[str, str], started: float) -> Response:
+async def answer_command(state: ProxyState, wire: WireFormat, decoded: Decoded, policy: LoadedPolicy,
+                         session: Session, tenant: str, command: tuple[str, str], started: float) -> Response:
     """A slash command, answered as the assistant without calling the model."""
     name, argument = command
     try:
@@ -250,32 +254,33 @@ async def answer_command(state: ProxyState, body: dict[str, Any], policy: Loaded
             commands.run, name, argument, state.reader, state.pins, policy, tenant, session.id)
     except CtxProxyError as exc:
         text = f"{name} failed: {exc.message}"
-    model = str(body.get("model") or "ctxproxy")
-    record = exchange_record(body, policy, session, tenant, status=200, gate="command")
+    model = decoded.model or "ctxproxy"
+    record = exchange_record(wire, decoded, policy, session, tenant, status=200, gate="command")
     headers = {"x-ctxproxy-session": session.id, "x-ctxproxy-policy": policy.name, "x-ctxproxy-gate": "pass",
                "x-ctxproxy-command": name}
     if record.stream:
-        record.response_chunks = commands.completion_chunks(text, model)
-        await finish(state, [record], started, policy.name)
+        record.response_chunks = wire.command_stream(text, model)
+        await finish(state, wire, [record], started, policy.name)
         return StreamingResponse(iter(record.response_chunks), headers=headers,
                                  media_type="text/event-stream")
-    record.response_body = commands.completion(text, model)
-    await finish(state, [record], started, policy.name)
+    record.response_body = wire.command_answer(text, model)
+    await finish(state, wire, [record], started, policy.name)
     return Response(record.response_body, headers=headers, media_type="application/json")
 
 
-async def refused(state: ProxyState, request: Request, body: dict[str, Any], policy: LoadedPolicy,
-            session: Session, tenant: str, refusal: ContextLengthExceeded, started: float) -> Response:
-    """The gate refused: archive the attempt and answer like a provider would (400)."""
-    record = exchange_record(body, policy, session, tenant, status=refusal.status, gate="refuse",
+async def refused(state: ProxyState, wire: WireFormat, decoded: Decoded, policy: LoadedPolicy,
+                  session: Session, tenant: str, refusal: ContextLengthExceeded, started: float) -> Response:
+    """The gate refused: archive the attempt and answer like the provider would (400)."""
+    record = exchange_record(wire, decoded, policy, session, tenant, status=refusal.status, gate="refuse",
                              tokens_before=refusal.extra.get("estimated_tokens"), error=refusal.message)
     state.metrics.gate.labels(policy.name, "refuse").inc()
-    await finish(state, [record], started, policy.name)
+    await finish(state, wire, [record], started, policy.name)
     headers = {"x-ctxproxy-session": session.id, "x-ctxproxy-policy": policy.name,
                "x-ctxproxy-gate": "refuse",
                "x-ctxproxy-tokens-before": str(refusal.extra.get("estimated_tokens", "")),
                "x-ctxproxy-tokens-after": "0"}
-    return error_response(refusal, headers)
+    return Response(wire.error_body(refusal), status_code=refusal.status, headers=headers,
+                    media_type="application/json")
 
 
 def ctxproxy_headers(session: Session, policy: LoadedPolicy, outcome: pipeline.Outcome) -> dict[str, str]:
@@ -290,17 +295,18 @@ def ctxproxy_headers(session: Session, policy: LoadedPolicy, outcome: pipeline.O
     }
 
 
-async def finish(state: ProxyState, records: list[ExchangeRecord], started: float, policy: str) -> None:
+async def finish(state: ProxyState, wire: WireFormat, records: list[ExchangeRecord], started: float,
+                 policy: str) -> None:
     """Account for the exchange(s) and hand them to the archive. Returns once they are durable (in the
     archive's spool), so an answered exchange survives a crash; a busy writer makes us wait."""
     elapsed = time.perf_counter() - started
     upstream_s = sum(r.upstream_ms for r in records) / 1000
     if records and not records[0].stream:
-        state.metrics.added_seconds.labels(CHAT_ROUTE).observe(max(0.0, elapsed - upstream_s))
+        state.metrics.added_seconds.labels(wire.route).observe(max(0.0, elapsed - upstream_s))
     for record in records:
         record.latency_ms = elapsed * 1000
-        state.metrics.upstream_seconds.labels(CHAT_ROUTE).observe(record.upstream_ms / 1000)
-        state.metrics.requests.labels(CHAT_ROUTE, str(record.status), policy).inc()
+        state.metrics.upstream_seconds.labels(wire.route).observe(record.upstream_ms / 1000)
+        state.metrics.requests.labels(wire.route, str(record.status), policy).inc()
     if records and records[0].tokens_before is not None:
         state.metrics.tokens_before.labels(policy).inc(records[0].tokens_before)
         state.metrics.tokens_after.labels(policy).inc(records[-1].tokens_after or 0)
@@ -333,7 +339,9 @@ def build_app(config: Config, *, transport: httpx.AsyncBaseTransport | None = No
         reader = ArchiveReader(config.data_dir / "archive.db")
         app.state.proxy = ProxyState(
             config=config, policies=policies,
-            upstream=Upstream(config.upstream, config.upstream_api_key(), transport=transport),
+            upstreams={CHAT.name: Upstream(config.upstream, config.upstream_api_key(), transport=transport),
+                       MESSAGES.name: Upstream(config.upstream, config.upstream_api_key(anthropic=True),
+                                               transport=transport, anthropic=True)},
             archive=archive, tokens=tokens, metrics=Metrics(),
             store=StateStore(persist=archive.submit, lookup=reader, barrier=archive.flush,
                              budget_bytes=config.server.state_cache_bytes), reader=reader,
@@ -343,7 +351,8 @@ def build_app(config: Config, *, transport: httpx.AsyncBaseTransport | None = No
         finally:
             for task in list(app.state.proxy.tasks):
                 task.cancel()
-            await app.state.proxy.upstream.aclose()
+            for upstream in app.state.proxy.upstreams.values():
+                await upstream.aclose()
             heavy.shutdown()
             archive.close()
             reader.close()
@@ -358,6 +367,8 @@ def build_app(config: Config, *, transport: httpx.AsyncBaseTransport | None = No
         Route("/ctxproxy/pins/{pin_id}", admin_pins, methods=["DELETE"]),
         Route("/v1/chat/completions", chat_completions, methods=chat_methods),
         Route("/p/{policy}/v1/chat/completions", chat_completions, methods=chat_methods),
+        Route("/v1/messages", messages, methods=chat_methods),
+        Route("/p/{policy}/v1/messages", messages, methods=chat_methods),
         Route("/v1/{path:path}", passthrough, methods=any_method),
         Route("/p/{policy}/v1/{path:path}", passthrough, methods=any_method),
     ]

@@ -28,6 +28,9 @@ class ServerConfig(_Strict):
 class UpstreamConfig(_Strict):
     base_url: str = "https://api.openai.com/v1"
     api_key_env: str | None = None
+    # Anthropic's Messages API (and its other routes): the base without /v1, as ANTHROPIC_BASE_URL.
+    anthropic_base_url: str = "https://api.anthropic.com"
+    anthropic_api_key_env: str | None = None  # sent as x-api-key when the client sends no key
     timeout_s: float = Field(600.0, gt=0)
     connect_timeout_s: float = Field(10.0, gt=0)
     # Answers are buffered (and archived) up to this size; beyond it they are relayed unbuffered and the
@@ -55,11 +58,10 @@ class Config(_Strict):
     def admin_token(self) -> str | None:
         return os.environ.get(self.admin.token_env) or None if self.admin.token_env else None
 
-    def upstream_api_key(self) -> str | None:
+    def upstream_api_key(self, anthropic: bool = False) -> str | None:
         """The fallback key for clients that send none, read from the named environment variable."""
-        if not self.upstream.api_key_env:
-            return None
-        return os.environ.get(self.upstream.api_key_env) or None
+        name = self.upstream.anthropic_api_key_env if anthropic else self.upstream.api_key_env
+        return (os.environ.get(name) or None) if name else None
 
 
 def describe_validation_error(source: str, error: ValidationError) -> str:

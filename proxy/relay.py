@@ -16,9 +16,10 @@ from proxy.upstream import Upstream
 
 log = logging.getLogger("ctxproxy")
 
-CHAT_PATH = "/chat/completions"
 DONE_EVENT = b"data: [DONE]"
 ERROR_EVENT = b'data: {"error"'  # as faults.error_event writes it (and providers do)
+CHAT_ENDS = (DONE_EVENT, ERROR_EVENT)
+ErrorEvent = Callable[..., bytes]  # (message, code, kind=...)
 
 
 async def open_and_read(upstream: Upstream, headers: dict[str, str], content: bytes, query: bytes,
@@ -29,7 +30,7 @@ async def open_and_read(upstream: Upstream, headers: dict[str, str], content: by
     rc.records.append(record)
     upstream_started = time.perf_counter()
     try:
-        response = await upstream.open("POST", CHAT_PATH, query, headers, content)
+        response = await upstream.open("POST", rc.path, query, headers, content)
         record.status = response.status_code
         body, rest = await faults.read_answer(response, upstream.base_url, upstream.max_response_bytes)
     finally:
@@ -56,7 +57,9 @@ async def relay_rest(first: bytes, rest: AsyncIterator[bytes], record: ExchangeR
             await on_done()
 
 
-async def relay_stream(response: httpx.Response, record: ExchangeRecord, cap: int) -> AsyncIterator[bytes]:
+async def relay_stream(response: httpx.Response, record: ExchangeRecord, cap: int,
+                       watch: faults.StreamWatch | None = None,
+                       error_event: ErrorEvent = faults.error_event) -> AsyncIterator[bytes]:
     """Relay upstream bytes as they arrive and keep a copy for the archive. Never ends silently.
 
     An event stream goes out event by event, byte for byte. If it breaks off (reset, closed mid-body,
@@ -66,7 +69,7 @@ async def relay_stream(response: httpx.Response, record: ExchangeRecord, cap: in
     bytes (upstream.max_response_bytes), marked when cut.
     """
     started = time.perf_counter()
-    watch = faults.StreamWatch() if faults.is_event_stream(response) else None
+    watch = (watch or faults.StreamWatch()) if faults.is_event_stream(response) else None
     broke: httpx.HTTPError | None = None
     try:
         async for chunk in response.aiter_raw():
@@ -85,12 +88,12 @@ async def relay_stream(response: httpx.Response, record: ExchangeRecord, cap: in
     tail = watch.flush()  # an event the upstream left without its blank line
     if tail:
         yield tail
-    for event in stream_end(watch, broke, record):
+    for event in stream_end(watch, broke, record, error_event):
         yield event
 
 
-def stream_end(watch: faults.StreamWatch, broke: httpx.HTTPError | None,
-               record: ExchangeRecord) -> list[bytes]:
+def stream_end(watch: faults.StreamWatch, broke: httpx.HTTPError | None, record: ExchangeRecord,
+               error_event: ErrorEvent = faults.error_event) -> list[bytes]:
     """What ends a relayed event stream besides its own events: nothing, or one error event."""
     if watch.upstream_error is not None:  # relayed as sent: the client's SDK raises on it
         record.error = f"upstream sent an error in the stream: {faults.error_message(watch.upstream_error)}"
@@ -107,11 +110,12 @@ def stream_end(watch: faults.StreamWatch, broke: httpx.HTTPError | None,
     if watch.cut_tail:
         message += " (mid-event)"
     record.error = message
-    return [faults.error_event(message, code)]
+    return [error_event(message, code)]
 
 
 async def archived(events: AsyncIterator[bytes], records: list[ExchangeRecord],
-                   on_done: Callable[[], Awaitable[None]]) -> AsyncIterator[bytes]:
+                   on_done: Callable[[], Awaitable[None]], ends: tuple[bytes, ...] = CHAT_ENDS,
+                   error_event: ErrorEvent = faults.error_event) -> AsyncIterator[bytes]:
     """Wrap a stream so its exchanges are archived however it ends (done, failed, client gone).
 
     The event carrying `[DONE]` (or an error event, which ends a failed stream) is held back until
@@ -124,7 +128,7 @@ async def archived(events: AsyncIterator[bytes], records: list[ExchangeRecord],
             if held is not None:  # "[DONE]" inside a content string, not the terminator
                 yield held
                 held = None
-            if DONE_EVENT in event or ERROR_EVENT in event:  # the end, or an error that ends it
+            if any(end in event for end in ends):  # the end, or an error that ends it
                 held = event
                 continue
             yield event
@@ -133,7 +137,7 @@ async def archived(events: AsyncIterator[bytes], records: list[ExchangeRecord],
         message = f"ctxproxy failed during the stream: {faults.describe(exc)}"
         if records and not records[-1].error:
             records[-1].error = message
-        held = faults.error_event(message, "internal_error", "server_error")
+        held = error_event(message, "internal_error", "server_error")
     except BaseException:
         if records and not records[-1].error:
             records[-1].error = "client disconnected during the stream"

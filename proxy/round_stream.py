@@ -11,7 +11,7 @@ import copy
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import httpx
@@ -23,6 +23,7 @@ from proxy.errors import CtxProxyError
 from proxy.rounds import Conversation, RoundsContext, add_usage, begin_round, new_round, split_calls
 from proxy.sse import DONE, EventSplitter, event_data
 from proxy.upstream import Upstream
+from proxy.wire import Turn
 
 
 @dataclass
@@ -48,47 +49,63 @@ async def open_stream(rc: RoundsContext, content: bytes) -> httpx.Response:
     return await rc.upstream.open("POST", rc.path, rc.query, rc.headers, content)
 
 
-async def stream(rc: RoundsContext, first: httpx.Response) -> AsyncIterator[bytes]:
-    """Streaming: relay content as it comes; hold tool-call deltas until the round's end decides.
+class Framer(Protocol):
+    """One client stream's event handling in its wire format, round after round (see ChatFramer)."""
 
-    Tool-call deltas are buffered (the client cannot act on a half call anyway); if the round called
-    only client tools they are released, renumbered, after the content. Internal calls are answered
-    and the next round's content continues the same stream under the first response id. A round that
-    breaks off, stops short or fails to open ends the client's stream with an OpenAI-shaped error
-    event (no `[DONE]`); its record names the cause.
+    def relay(self, response: httpx.Response, record: ExchangeRecord, round_no: int,
+              cap: int) -> AsyncIterator[bytes]: ...
+
+    def end(self, broke: httpx.HTTPError | None, record: ExchangeRecord) -> bytes | None: ...
+
+    def calls(self) -> list[dict[str, Any]]: ...
+
+    def turn(self) -> Turn: ...
+
+    def finish(self, client_calls: list[dict[str, Any]], dropped_internal: bool,
+               limit: int) -> list[bytes]: ...
+
+    def failed_round(self, body: bytes, status: int) -> tuple[bytes, str]: ...
+
+    def refusal(self, error: CtxProxyError) -> bytes: ...
+
+
+async def stream(rc: RoundsContext, first: httpx.Response, framer: Framer) -> AsyncIterator[bytes]:
+    """Streaming: relay content as it comes; hold tool calls until the round's end decides.
+
+    Tool calls are held (the client cannot act on a half call anyway); if the round called only client
+    tools they are released, renumbered, after the content. Internal calls are answered and the next
+    round's content continues the same client stream. A round that breaks off, stops short or fails to
+    open ends the client's stream with an error event in its format; its record names the cause.
     """
     conversation = Conversation(rc)
-    response, response_id, usage = first, None, None
+    response = first
     record = new_round(rc, conversation)
     between_rounds = False  # internal calls answered, the next round's record not made yet
     record.status = response.status_code
     started = time.perf_counter()
     try:
         while True:
-            state = RoundState()
             broke: httpx.HTTPError | None = None
             try:
-                async for out in _relay_round(response, record, state, conversation.round, response_id,
+                async for out in framer.relay(response, record, conversation.round,
                                               rc.upstream.max_response_bytes):
                     yield out
             except httpx.HTTPError as exc:
                 broke = exc
             finally:
                 await faults.close_timed(response, record, started)
-            end = _round_end(state, broke, record)
+            end = framer.end(broke, record)
             if end is not None:
                 if end:
                     yield end
                 return
-            response_id = response_id or state.response_id
-            usage = add_usage(usage, state.usage)
-            calls = [state.calls[i] for i in sorted(state.calls)]
+            calls = framer.calls()
             internal, client_calls = split_calls(calls)
             if internal and client_calls:
-                await conversation.splice("".join(state.content), calls)
+                await conversation.splice(framer.turn().text, calls)
             elif internal and conversation.round < rc.max_rounds:
                 between_rounds = True
-                await conversation.answer("".join(state.content), internal)
+                await conversation.answer(framer.turn())
                 record, content = await begin_round(rc, conversation)
                 between_rounds = False
                 started = time.perf_counter()
@@ -101,23 +118,62 @@ async def stream(rc: RoundsContext, first: httpx.Response) -> AsyncIterator[byte
                     record.upstream_ms = (time.perf_counter() - started) * 1000  # a 200: at its end
                 if body is not None:
                     record.response_body = body
-                    error = _error_of(body, response.status_code)
+                    event, message = framer.failed_round(body, response.status_code)
                     record.error = (f"upstream answered HTTP {response.status_code} to internal round "
-                                    f"{conversation.round}: {error['message']}")
-                    yield sse_bytes({"error": error})
+                                    f"{conversation.round}: {message}")
+                    yield event
                     return
                 continue
-            for out in _finish_round(state, client_calls, bool(internal), response_id, usage, rc.max_rounds):
+            for out in framer.finish(client_calls, bool(internal), rc.max_rounds):
                 yield out
             return
     except CtxProxyError as exc:
         if between_rounds:  # refused before the next round was sent
             record = new_round(rc, conversation)
         record.status, record.error = exc.status, exc.message
-        yield sse_bytes(exc.body())
+        yield framer.refusal(exc)
     finally:
         with anyio.CancelScope(shield=True):
             await response.aclose()
+
+
+class ChatFramer:
+    """Chat completions chunks: content relayed, tool-call deltas held, one response id and one [DONE]."""
+
+    def __init__(self) -> None:
+        self.state = RoundState()
+        self.response_id: str | None = None
+        self.usage: dict[str, Any] | None = None
+
+    async def relay(self, response: httpx.Response, record: ExchangeRecord, round_no: int,
+                    cap: int) -> AsyncIterator[bytes]:
+        self.state = RoundState()
+        async for out in _relay_round(response, record, self.state, round_no, self.response_id, cap):
+            yield out
+
+    def end(self, broke: httpx.HTTPError | None, record: ExchangeRecord) -> bytes | None:
+        end = _round_end(self.state, broke, record)
+        if end is None:
+            self.response_id = self.response_id or self.state.response_id
+            self.usage = add_usage(self.usage, self.state.usage)
+        return end
+
+    def calls(self) -> list[dict[str, Any]]:
+        return [self.state.calls[i] for i in sorted(self.state.calls)]
+
+    def turn(self) -> Turn:
+        text, calls = "".join(self.state.content) or None, self.calls()
+        return Turn(text, calls, {"role": "assistant", "content": text, "tool_calls": calls})
+
+    def finish(self, client_calls: list[dict[str, Any]], dropped_internal: bool, limit: int) -> list[bytes]:
+        return _finish_round(self.state, client_calls, dropped_internal, self.response_id, self.usage, limit)
+
+    def failed_round(self, body: bytes, status: int) -> tuple[bytes, str]:
+        error = _error_of(body, status)
+        return sse_bytes({"error": error}), str(error["message"])
+
+    def refusal(self, error: CtxProxyError) -> bytes:
+        return sse_bytes(error.body())
 
 
 def _round_end(state: RoundState, broke: httpx.HTTPError | None, record: ExchangeRecord) -> bytes | None:

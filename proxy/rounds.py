@@ -25,6 +25,7 @@ from proxy.layers import splices
 from proxy.offload import off_loop_if_large
 from proxy.state import StateStore
 from proxy.upstream import Upstream
+from proxy.wire import Decoded, Turn, WireFormat
 
 CHARS_PER_TOKEN = 3  # conservative: a page must fit the room left in the window
 
@@ -32,10 +33,11 @@ CHARS_PER_TOKEN = 3  # conservative: a page must fit the room left in the window
 @dataclass
 class RoundsContext:
     upstream: Upstream
+    wire: WireFormat
+    decoded: Decoded  # the client's request (its params are reused every round)
     path: str
     query: bytes
     headers: dict[str, str]
-    body: dict[str, Any]  # the client's request body (params reused every round)
     original: list[dict[str, Any]]  # client messages
     forwarded: list[dict[str, Any]]  # after the pipeline
     tools: list[Any] | None
@@ -63,11 +65,7 @@ class Conversation:
     def content(self) -> bytes:
         if self.round == 0:
             return self.rc.first_content
-        body = dict(self.rc.body)
-        body["messages"] = self.forwarded
-        if self.rc.tools is not None:
-            body["tools"] = self.rc.tools
-        return orjson.dumps(body)
+        return self.rc.decoded.encode(self.forwarded, self.original, self.rc.tools)
 
     async def execute(self, calls: list[dict[str, Any]],
                       before: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -89,9 +87,9 @@ class Conversation:
             results.append(result)
         return results
 
-    async def answer(self, content: str | None, calls: list[dict[str, Any]]) -> GateResult:
-        """Append the internal calls and their results, then gate the next round."""
-        assistant: dict[str, Any] = {"role": "assistant", "content": content or None, "tool_calls": calls}
+    async def answer(self, turn: Turn) -> GateResult:
+        """Append the model's turn (internal calls only) and their results, then gate the next round."""
+        assistant, calls = turn.assistant, turn.calls
         self.original.append(assistant)
         self.forwarded.append(assistant)
         results = await self.execute(calls, self.forwarded)
@@ -156,8 +154,8 @@ async def begin_round(rc: RoundsContext, conversation: Conversation) -> tuple[Ex
 async def complete(rc: RoundsContext) -> faults.Answer:
     """Non-streaming: loop until the model answers without internal calls (or rounds run out).
 
-    An answer the proxy cannot read as a chat completion (or an error status) goes to the client as
-    the upstream sent it; the round's record says why it was not taken further.
+    An answer the proxy cannot read (or an error status) goes to the client as the upstream sent it;
+    the round's record says why it was not taken further.
     """
     conversation = Conversation(rc)
     usage: dict[str, Any] | None = None
@@ -173,7 +171,7 @@ async def complete(rc: RoundsContext) -> faults.Answer:
         finally:
             record.upstream_ms = (time.perf_counter() - started) * 1000
         record.response_body = payload
-        if rest is not None:  # too big to read as a completion: relayed untouched, unbuffered
+        if rest is not None:  # too big to read as an answer: relayed untouched, unbuffered
             record.response_truncated = True
             record.error = "upstream answer over upstream.max_response_bytes; relayed untouched"
             return response, payload, rest
@@ -182,69 +180,34 @@ async def complete(rc: RoundsContext) -> faults.Answer:
                 record.error = f"upstream answered HTTP {response.status_code} to internal round " \
                                f"{conversation.round}; relayed"
             return response, payload, None
-        data, problem = await off_loop_if_large(len(payload), _completion, payload)
+        data, problem = await off_loop_if_large(len(payload), rc.wire.read_answer, payload)
         if data is None:
-            record.error = f"upstream answer is not a chat completion ({problem}); relayed untouched"
+            record.error = f"upstream answer is not a {rc.wire.answer_kind} ({problem}); relayed untouched"
             return response, payload, None
-        choice = data["choices"][0]
-        message = choice["message"]
-        usage = add_usage(usage, data.get("usage"))
-        calls = message.get("tool_calls") or []
-        internal, client_calls = split_calls(calls)
+        turn = rc.wire.turn(data, rc.decoded)
+        usage = add_usage(usage, rc.wire.usage(data))
+        internal, client_calls = split_calls(turn.calls)
         if not internal:
             break
         rewrite = True
         if client_calls:
-            await conversation.splice(message.get("content"), calls)
-            message["tool_calls"] = client_calls
-            choice["finish_reason"] = "tool_calls"
+            await conversation.splice(turn.text, turn.calls)
+            rc.wire.keep_calls(data, client_calls, None)
             break
         if conversation.round >= rc.max_rounds:
-            _strip_internal(data, message, client_calls, rc.max_rounds)
+            rc.wire.keep_calls(data, client_calls, stopped_note(rc.max_rounds))
             break
         try:
-            await conversation.answer(message.get("content"), internal)
+            await conversation.answer(turn)
         except CtxProxyError:
             new_round(rc, conversation)  # the refused round is the one that failed (the app marks it)
             raise
     if rewrite or conversation.round:
         if usage is not None:
-            data["usage"] = usage
+            rc.wire.set_usage(data, usage)
         payload = await off_loop_if_large(len(payload), orjson.dumps, data)
     return response, payload, None
 
 
-def _completion(payload: bytes) -> tuple[dict[str, Any] | None, str]:
-    """The answer as a chat completion whose first message the proxy can act on, or why not."""
-    try:
-        data = orjson.loads(payload)
-    except orjson.JSONDecodeError as exc:
-        return None, f"not JSON: {exc}"
-    if not isinstance(data, dict):
-        return None, f"a JSON {type(data).__name__}, not an object"
-    if data.get("error"):
-        return None, f"an error object: {faults.error_message(data['error'])}"
-    choices = data.get("choices")
-    if not isinstance(choices, list) or not choices:
-        return None, "no choices list"
-    if not isinstance(choices[0], dict) or not isinstance(choices[0].get("message"), dict):
-        return None, "choices[0].message is not an object"
-    calls = choices[0]["message"].get("tool_calls")
-    if calls is not None and (not isinstance(calls, list) or not all(_is_call(c) for c in calls)):
-        return None, "tool_calls is not a list of calls"
-    return data, ""
-
-
-def _is_call(call: Any) -> bool:
-    return isinstance(call, dict) and isinstance(call.get("function"), dict)
-
-
-def _strip_internal(data: dict[str, Any], message: dict[str, Any], client_calls: list[dict[str, Any]],
-                    limit: int) -> None:
-    if client_calls:
-        message["tool_calls"] = client_calls
-    else:
-        message.pop("tool_calls", None)
-        message["content"] = (message.get("content") or "") or \
-            f"(ctxproxy: stopped after {limit} read_tool_result rounds without an answer)"
-        data["choices"][0]["finish_reason"] = "stop"
+def stopped_note(limit: int) -> str:
+    return f"(ctxproxy: stopped after {limit} read_tool_result rounds without an answer)"

@@ -39,6 +39,15 @@ API_RESOURCES = frozenset({
 })
 
 
+def speaks_anthropic(request: Request) -> bool:
+    """A Messages route, or any route called by an Anthropic client (it always sends anthropic-version):
+    answered in Anthropic's error shape and passed through to the Anthropic upstream."""
+    path = request.url.path
+    if path.startswith("/p/"):
+        path = "/" + path.split("/", 3)[-1]
+    return path.startswith("/v1/messages") or "anthropic-version" in request.headers
+
+
 def select_policy(request: Request, store: PolicyStore) -> LoadedPolicy:
     """URL prefix `/p/{policy}/v1` first, then the header, then `default`."""
     in_url = request.path_params.get("policy")
@@ -58,7 +67,10 @@ async def passthrough(request: Request) -> Response:
         # httpx would resolve them against the upstream base URL, leaving its /v1 (or reaching other paths)
         raise NotFound(f"Invalid URL ({request.method} {request.url.path}): dot segments are not forwarded",
                        code="unknown_route")
-    headers = state.upstream.request_headers(request.headers, identity=False)
+    upstream = state.upstreams["messages" if speaks_anthropic(request) else "chat"]
+    if upstream.anthropic:
+        path = "/v1" + path  # ANTHROPIC_BASE_URL has no /v1; OpenAI's base URL ends in it
+    headers = upstream.request_headers(request.headers, identity=False)
     if request.headers.get("content-length"):
         headers["content-length"] = request.headers["content-length"]
     has_body = request.method not in ("GET", "HEAD", "DELETE", "OPTIONS") or bool(
@@ -66,13 +78,12 @@ async def passthrough(request: Request) -> Response:
     content = request.stream() if has_body else None
     started = time.perf_counter()
     try:
-        response = await state.upstream.open(request.method, path, request.url.query.encode(), headers,
-                                             content)
+        response = await upstream.open(request.method, path, request.url.query.encode(), headers, content)
     except ClientDisconnect:
         return Response(status_code=499)
     except CtxProxyError as exc:
         state.metrics.requests.labels("passthrough", str(exc.status), "-").inc()
-        return error_response(exc)
+        return error_response(exc, request=request)
     state.metrics.upstream_seconds.labels("passthrough").observe(time.perf_counter() - started)
     state.metrics.requests.labels("passthrough", str(response.status_code), "-").inc()
 
@@ -98,21 +109,28 @@ async def metrics(request: Request) -> Response:
 
 
 def error_response(exc: CtxProxyError, headers: dict[str, str] | None = None,
-                   status: int | None = None) -> Response:
-    return Response(exc.body_bytes(), status_code=status or exc.status, headers=headers,
-                    media_type="application/json")
+                   status: int | None = None, request: Request | None = None) -> Response:
+    """The error in the shape the client's SDK reads: Anthropic's on its routes, else OpenAI's."""
+    if request is not None and speaks_anthropic(request):
+        from proxy.wire.messages_format import MESSAGES
+
+        body = MESSAGES.error_body(exc)
+    else:
+        body = exc.body_bytes()
+    return Response(body, status_code=status or exc.status, headers=headers, media_type="application/json")
 
 
 async def handle_proxy_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, CtxProxyError)
     if exc.status >= 500:
         log.error("%s %s: %s", request.method, request.url.path, exc.message)
-    return error_response(exc)
+    return error_response(exc, request=request)
 
 
 async def handle_unexpected(request: Request, exc: Exception) -> Response:
     log.exception("unexpected error on %s %s", request.method, request.url.path)
-    return error_response(CtxProxyError(f"internal error in ctxproxy ({type(exc).__name__}); see the log"))
+    return error_response(CtxProxyError(f"internal error in ctxproxy ({type(exc).__name__}); see the log"),
+                          request=request)
 
 
 async def handle_client_disconnect(request: Request, exc: Exception) -> Response:
@@ -126,8 +144,8 @@ async def handle_http_exception(request: Request, exc: Exception) -> Response:
     where = f"{request.method} {request.url.path}"
     if exc.status_code == 404:
         hint = missing_v1_hint(request)
-        error: CtxProxyError = NotFound(f"Invalid URL ({where}): ctxproxy serves the OpenAI API under /v1 "
-                                        f"and /p/<policy>/v1.{hint}", code="unknown_route")
+        error: CtxProxyError = NotFound(f"Invalid URL ({where}): ctxproxy serves the OpenAI and Anthropic "
+                                        f"APIs under /v1 and /p/<policy>/v1.{hint}", code="unknown_route")
     elif exc.status_code == 405:
         allowed = headers.get("Allow") or headers.get("allow") or ""
         error = BadRequest(f"Method {request.method} is not allowed for {request.url.path}"
@@ -136,7 +154,7 @@ async def handle_http_exception(request: Request, exc: Exception) -> Response:
         error = BadRequest(str(exc.detail), code="invalid_request")
     else:
         error = CtxProxyError(str(exc.detail))
-    return error_response(error, headers, status=exc.status_code)
+    return error_response(error, headers, status=exc.status_code, request=request)
 
 
 def missing_v1_hint(request: Request) -> str:

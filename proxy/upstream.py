@@ -43,9 +43,11 @@ class ClientDisconnected(Exception):
 
 class Upstream:
     def __init__(self, config: UpstreamConfig, fallback_api_key: str | None,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
-        self.base_url = config.base_url.rstrip("/")
+                 transport: httpx.AsyncBaseTransport | None = None, *, anthropic: bool = False) -> None:
+        # Anthropic's upstream takes its key as x-api-key; OpenAI-compatible ones as a bearer token.
+        self.base_url = (config.anthropic_base_url if anthropic else config.base_url).rstrip("/")
         self.fallback_api_key = fallback_api_key
+        self.anthropic = anthropic
         self.forward_headers = frozenset(name.lower() for name in config.forward_headers)
         self.max_response_bytes = config.max_response_bytes
         self.client = httpx.AsyncClient(
@@ -71,8 +73,11 @@ class Upstream:
             name = key.lower()
             if name not in drop and name not in private and not name.startswith("x-ctxproxy-"):
                 headers[name] = value
-        if self.fallback_api_key and "authorization" not in headers and "api-key" not in headers:
-            headers["authorization"] = f"Bearer {self.fallback_api_key}"
+        if self.fallback_api_key and not {"authorization", "api-key", "x-api-key"} & headers.keys():
+            if self.anthropic:
+                headers["x-api-key"] = self.fallback_api_key
+            else:
+                headers["authorization"] = f"Bearer {self.fallback_api_key}"
         if identity:
             # We read chat responses (archive, internal tools) and relay SSE as it comes: no gzip.
             headers["accept-encoding"] = "identity"

@@ -1,0 +1,332 @@
+"""Anthropic Messages requests: decode into the neutral conversation, apply decisions back.
+
+Decoding (`decode`): the `system` prompt becomes one neutral system message; each native message one or
+more neutral ones — a user message's `tool_result` blocks each a neutral tool message, its other blocks
+one neutral user message; an assistant message one neutral assistant message (text joined, `tool_use`
+blocks as chat tool calls; thinking and server-tool blocks stay native only). Every neutral message
+remembers the native message and blocks it came from.
+
+Encoding (`Encoder.encode`): walk the pipeline's output beside its aligned originals. A neutral message
+that came from native blocks puts those blocks back as the client sent them (a replaced tool result gets
+only its `content` swapped); neutral messages the pipeline made become blocks (internal calls and their
+results, injected memory blocks). A native message whose blocks all come back unchanged is the client's
+own dict (so its bytes, thinking signatures and cache_control breakpoints are kept). Blocks injected
+before the conversation go into `system` after the client's own (pinned knowledge: slow-changing); the
+others become `<system-reminder>` text blocks in the user turn where the pipeline put them. When
+eviction removes a block that carried a cache_control breakpoint, one breakpoint is re-anchored on the
+last block before the gap (never more than 4 in all).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.wire import Decoded, Message
+from proxy.wire.messages_check import validate_messages_request
+
+MAX_BREAKPOINTS = 4
+SYSTEM = -1  # the `k` of the system prompt's neutral message
+UNCACHEABLE = frozenset({"thinking", "redacted_thinking"})
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a neutral message lives: native message `native` (number `k` in order), these blocks
+    (None: the message's whole string content)."""
+
+    k: int
+    native: dict[str, Any]
+    blocks: tuple[int, ...] | None
+
+
+def decode(raw: bytes) -> Decoded:
+    body = validate_messages_request(raw)
+    encoder = Encoder(body, raw)
+    return Decoded(body=body, model=str(body.get("model") or ""), stream=body.get("stream") is True,
+                   messages=encoder.neutral, tools=body.get("tools"),
+                   session_body={"metadata": body.get("metadata"), "messages": encoder.neutral},
+                   encode=encoder.encode, register=encoder.register,
+                   params={k: v for k, v in body.items() if k not in ("messages", "system")})
+
+
+def block_text(blocks: list[Any]) -> str:
+    return "\n".join(b["text"] for b in blocks if isinstance(b, dict) and isinstance(b.get("text"), str))
+
+
+def neutral_part(block: dict[str, Any]) -> dict[str, Any]:
+    """A stand-in the token counter and the layers can read (images by a fixed estimate)."""
+    kind = block.get("type")
+    if kind == "text":
+        return {"type": "text", "text": block.get("text", "")}
+    if kind in ("image", "document"):
+        return {"type": "image"}
+    return {"type": "text", "text": orjson.dumps({k: v for k, v in block.items() if k != "cache_control"})
+            .decode()}
+
+
+def tool_content(content: Any) -> Any:
+    """A tool result's neutral content: a string when it is all text (layer 1 may summarize it)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if all(isinstance(b, dict) and b.get("type") == "text" for b in content):
+        return block_text(content)
+    return [neutral_part(b) for b in content if isinstance(b, dict)]
+
+
+def neutral_call(block: dict[str, Any]) -> dict[str, Any]:
+    arguments = orjson.dumps(block.get("input", {})).decode()
+    return {"id": block.get("id"), "type": "function", "function": {"name": block.get("name"),
+                                                                    "arguments": arguments}}
+
+
+def native_call(call: dict[str, Any]) -> dict[str, Any]:
+    function = call.get("function") or {}
+    try:
+        arguments = orjson.loads(function.get("arguments") or "{}")
+    except orjson.JSONDecodeError:
+        arguments = {}
+    return {"type": "tool_use", "id": call.get("id"), "name": function.get("name"),
+            "input": arguments if isinstance(arguments, dict) else {}}
+
+
+def native_tool(spec: dict[str, Any]) -> dict[str, Any]:
+    """One of the proxy's tools (chat-shaped) in Anthropic form."""
+    function = spec.get("function") or {}
+    return {"name": function.get("name"), "description": function.get("description", ""),
+            "input_schema": function.get("parameters") or {"type": "object"}}
+
+
+def reminder(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": f"<system-reminder>\n{text}\n</system-reminder>"}
+
+
+class Encoder:
+    def __init__(self, body: dict[str, Any], raw: bytes = b"") -> None:
+        self.body, self.raw = body, raw
+        self.origins: dict[int, Origin] = {}
+        self.keep: list[Message] = []  # neutral messages whose ids are in `origins` stay alive
+        self.call_owner: dict[str, tuple[int, dict[str, Any]]] = {}  # tool_use id -> (k, native message)
+        self.neutral: list[Message] = self._decode()
+        self.extra = 0  # natives registered by internal rounds
+
+    # ------------------------------------------------------------------------------------------ decode
+
+    def _note(self, neutral: Message, origin: Origin) -> Message:
+        self.origins[id(neutral)] = origin
+        self.keep.append(neutral)
+        return neutral
+
+    def _decode(self) -> list[Message]:
+        out: list[Message] = []
+        system = self.body.get("system")
+        if system:
+            text = system if isinstance(system, str) else block_text(system)
+            out.append(self._note({"role": "system", "content": text}, Origin(SYSTEM, {}, None)))
+        for k, native in enumerate(self.body["messages"]):
+            out.extend(self.decode_message(k, native))
+        return out
+
+    def decode_message(self, k: int, native: dict[str, Any]) -> list[Message]:
+        role, content = native["role"], native["content"]
+        if isinstance(content, str):
+            return [self._note({"role": role, "content": content}, Origin(k, native, None))]
+        if role == "assistant":
+            texts = [b for b in content if b.get("type") == "text"]
+            calls = [b for b in content if b.get("type") == "tool_use"]
+            for block in calls:
+                self.call_owner[str(block.get("id"))] = (k, native)
+            other = [neutral_part(b) for b in content
+                     if b.get("type") not in ("text", "tool_use", *UNCACHEABLE)]
+            message: Message = {"role": "assistant", "content": block_text(texts) or None}
+            if other:  # server tools' calls and results: counted, never rewritten
+                message["content"] = [*([{"type": "text", "text": message["content"]}]
+                                        if message["content"] else []), *other]
+            if calls:
+                message["tool_calls"] = [neutral_call(b) for b in calls]
+            return [self._note(message, Origin(k, native, tuple(range(len(content)))))]
+        out: list[Message] = []
+        run: list[int] = []
+
+        def flush() -> None:
+            if not run:
+                return
+            blocks = [content[i] for i in run]
+            single = len(blocks) == 1 and blocks[0].get("type") == "text"
+            value: Any = blocks[0].get("text", "") if single else [neutral_part(b) for b in blocks]
+            out.append(self._note({"role": role, "content": value}, Origin(k, native, tuple(run))))
+            run.clear()
+
+        for index, block in enumerate(content):
+            if block.get("type") == "tool_result":
+                flush()
+                out.append(self._note({"role": "tool", "tool_call_id": str(block.get("tool_use_id")),
+                                       "content": tool_content(block.get("content"))},
+                                      Origin(k, native, (index,))))
+            else:
+                run.append(index)
+        flush()
+        return out
+
+    def register(self, neutral: Message, native: Any) -> None:
+        """A message an internal round added (the model's answer): its native form goes upstream."""
+        self.extra += 1
+        self._note(neutral, Origin(len(self.body["messages"]) + self.extra, native, None
+                                   if isinstance(native.get("content"), str)
+                                   else tuple(range(len(native["content"])))))
+
+    # ------------------------------------------------------------------------------------------ encode
+
+    def encode(self, forwarded: list[Message], original: list[Message], tools: list[Any] | None) -> bytes:
+        if self.raw and forwarded is self.neutral and tools is self.body.get("tools"):
+            return self.raw  # unchanged: byte for byte
+        system_extra: list[dict[str, Any]] = []
+        turns: list[tuple[str, list[dict[str, Any]], dict[str, Any] | None]] = []  # role, blocks, native
+        dropped: list[dict[str, Any]] = []  # cache_control values of blocks that left the prompt
+        anchor: tuple[int, int] | None = None  # (turn, block) where a dropped breakpoint goes
+        last_k = -1
+        seen_conversation = False
+        for sent, client in zip(forwarded, original, strict=True):
+            origin = self.origins.get(id(client))
+            if origin is not None and origin.k == SYSTEM:
+                continue
+            if origin is None and client.get("role") == "system":
+                if not seen_conversation:
+                    system_extra.append({"type": "text", "text": str(client.get("content") or "")})
+                else:
+                    self._add(turns, "user", [reminder(str(client.get("content") or ""))], None)
+                continue
+            seen_conversation = True
+            if origin is not None and origin.k > last_k + 1 and origin.k < len(self.body["messages"]):
+                gone = self._breakpoints_between(last_k + 1, origin.k)
+                if gone and anchor is None and turns:
+                    dropped.extend(gone)
+                    anchor = (len(turns) - 1, len(turns[-1][1]) - 1)
+            if origin is not None:
+                last_k = max(last_k, origin.k)
+            role, blocks, native = self._blocks(sent, client, origin)
+            self._add(turns, role, blocks, native)
+        out = dict(self.body)
+        if system_extra:
+            system = self.body.get("system")
+            base = [{"type": "text", "text": system}] if isinstance(system, str) and system else \
+                list(system or [])
+            out["system"] = [*base, *system_extra]
+        messages = [self._message(role, blocks, native) for role, blocks, native in turns]
+        if dropped and anchor is not None:
+            self._reanchor(messages, out, anchor, dropped[0])
+        out["messages"] = messages
+        if tools is not None and tools is not self.body.get("tools"):
+            client_tools = list(self.body.get("tools") or [])
+            out["tools"] = [*client_tools, *(native_tool(t) for t in tools[len(client_tools):])]
+        return orjson.dumps(out)
+
+    def _blocks(self, sent: Message, client: Message,
+                origin: Origin | None) -> tuple[str, list[dict[str, Any]], dict[str, Any] | None]:
+        role = client.get("role")
+        if origin is None:  # made by the proxy: internal calls put back, their results
+            if role == "assistant":
+                return "assistant", self._restored_assistant(sent), None
+            if role == "tool":
+                return "user", [{"type": "tool_result", "tool_use_id": sent.get("tool_call_id"),
+                                 "content": str(sent.get("content") or "")}], None
+            return "user", [{"type": "text", "text": str(sent.get("content") or "")}], None
+        native = origin.native
+        if origin.blocks is None:
+            if sent is client or sent.get("content") == client.get("content"):
+                return native["role"], [{"type": "text", "text": native["content"]}], native
+            return native["role"], [{"type": "text", "text": str(sent.get("content") or "")}], None
+        blocks = [native["content"][i] for i in origin.blocks]
+        if sent is not client and sent.get("content") != client.get("content") and isinstance(
+                sent.get("content"), str):
+            if role == "tool":
+                blocks = [{**blocks[0], "content": sent["content"]}]
+            else:  # an observation sent as user text, replaced (its one text block)
+                blocks = [{**blocks[0], "text": sent["content"]}]
+            return native["role"], blocks, None
+        return native["role"], blocks, native
+
+    def _restored_assistant(self, sent: Message) -> list[dict[str, Any]]:
+        """An assistant turn with the proxy's calls put back (splices): the client's native blocks,
+        with the tool_use run in the order of the neutral calls."""
+        calls = sent.get("tool_calls") or []
+        owner = next((self.call_owner[c.get("id")] for c in calls if c.get("id") in self.call_owner), None)
+        if owner is None:
+            text = sent.get("content")
+            return [*([{"type": "text", "text": text}] if isinstance(text, str) and text else []),
+                    *(native_call(c) for c in calls)]
+        native_blocks = owner[1]["content"]
+        by_id = {b.get("id"): b for b in native_blocks if b.get("type") == "tool_use"}
+        uses = [by_id.get(c.get("id")) or native_call(c) for c in calls]
+        out = [b for b in native_blocks if b.get("type") != "tool_use"]
+        first = next((i for i, b in enumerate(native_blocks) if b.get("type") == "tool_use"), len(out))
+        return [*out[:first], *uses, *out[first:]]
+
+    @staticmethod
+    def _add(turns: list[tuple[str, list[dict[str, Any]], dict[str, Any] | None]], role: str,
+             blocks: list[dict[str, Any]], native: dict[str, Any] | None) -> None:
+        """Consecutive neutral messages of one role are one native turn (a user turn's tool results
+        and text, an injected block beside them)."""
+        if turns and turns[-1][0] == role:
+            _, prev_blocks, prev_native = turns[-1]
+            turns[-1] = (role, [*prev_blocks, *blocks], prev_native if prev_native is native else None)
+            return
+        turns.append((role, list(blocks), native))
+
+    @staticmethod
+    def _message(role: str, blocks: list[dict[str, Any]], native: dict[str, Any] | None) -> dict[str, Any]:
+        if native is not None:
+            content = native["content"]
+            if isinstance(content, str) and len(blocks) == 1:
+                return native
+            if isinstance(content, list) and len(blocks) == len(content) and all(
+                    a is b for a, b in zip(blocks, content, strict=True)):
+                return native
+        if role == "user":  # tool results lead a user turn (the API rejects text before them)
+            blocks = [*(b for b in blocks if b.get("type") == "tool_result"),
+                      *(b for b in blocks if b.get("type") != "tool_result")]
+        base = {k: v for k, v in (native or {}).items() if k != "content"}
+        return {**base, "role": role, "content": blocks}
+
+    def _breakpoints_between(self, start: int, stop: int) -> list[Any]:
+        found = []
+        for native in self.body["messages"][start:stop]:
+            content = native.get("content")
+            for block in content if isinstance(content, list) else ():
+                if isinstance(block, dict) and block.get("cache_control"):
+                    found.append(block["cache_control"])
+        return found
+
+    @staticmethod
+    def _reanchor(messages: list[dict[str, Any]], body: dict[str, Any], anchor: tuple[int, int],
+                  value: Any) -> None:
+        """Put one breakpoint that left with evicted messages on the block before the gap, so the prefix
+        the provider cached up to there is still marked (within the limit of 4)."""
+        turn, index = anchor
+        if turn >= len(messages) or count_breakpoints(body, messages) >= MAX_BREAKPOINTS:
+            return
+        content = messages[turn]["content"]
+        if not isinstance(content, list) or not content or index >= len(content):
+            return
+        index = next((i for i in range(index, -1, -1) if content[i].get("type") not in UNCACHEABLE), -1)
+        if index < 0 or content[index].get("cache_control"):
+            return
+        content = list(content)
+        content[index] = {**content[index], "cache_control": value}
+        messages[turn] = {**messages[turn], "content": content}
+
+
+def count_breakpoints(body: dict[str, Any], messages: list[dict[str, Any]]) -> int:
+    def blocks(value: Any) -> list[Any]:
+        return value if isinstance(value, list) else []
+
+    total = sum(1 for b in blocks(body.get("system")) if isinstance(b, dict) and b.get("cache_control"))
+    total += sum(1 for t in blocks(body.get("tools")) if isinstance(t, dict) and t.get("cache_control"))
+    for message in messages:
+        total += sum(1 for b in blocks(message.get("content"))
+                     if isinstance(b, dict) and b.get("cache_control"))
+    return total

@@ -1,0 +1,157 @@
+"""Anthropic Messages: the stateless half of the codec — answers read for internal rounds, errors in
+Anthropic's shape, slash-command answers, how a relayed stream ends."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import orjson
+
+from proxy import faults, round_stream
+from proxy.errors import ContextLengthExceeded, CtxProxyError
+from proxy.sse import event_data
+from proxy.wire import Decoded, Turn
+from proxy.wire.messages import block_text, decode, neutral_call
+
+if TYPE_CHECKING:
+    from proxy.rounds import RoundsContext
+
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 408: "timeout_error", 413: "request_too_large",
+               429: "rate_limit_error", 504: "timeout_error", 529: "overloaded_error"}
+
+
+def error_type(status: int) -> str:
+    return ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+
+
+def error_object(error: CtxProxyError) -> dict[str, Any]:
+    message = error.message
+    if isinstance(error, ContextLengthExceeded):  # the provider's words, which Claude Code acts on
+        extra = error.extra
+        message = (f"prompt is too long: {extra.get('estimated_tokens')} tokens > "
+                   f"{extra.get('max_input_tokens')} maximum (ctxproxy: {error.message})")
+    found: dict[str, Any] = {"type": error_type(error.status), "message": message}
+    return found | {k: v for k, v in error.extra.items() if k == "checkpoint_id"}
+
+
+def sse_event(kind: str, data: dict[str, Any]) -> bytes:
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+class MessagesWatch(faults.StreamWatch):
+    """How a relayed Messages stream ends: `message_stop` (done), a `stop_reason` (finished), an error."""
+
+    def _see(self, event: bytes) -> None:
+        data = event_data(event)
+        if data is None or not (b"message_" in data or b"error" in data):
+            return
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return
+        if not isinstance(obj, dict):
+            return
+        kind = obj.get("type")
+        if kind == "message_stop":
+            self.done = True
+        elif kind == "message_delta" and isinstance(obj.get("delta"), dict) \
+                and obj["delta"].get("stop_reason"):
+            self.finished = True
+        elif kind == "error" and self.upstream_error is None:
+            self.upstream_error = obj.get("error") or obj
+
+
+class MessagesFormat:
+    name = "messages"
+    route = "messages"
+    upstream_path = "/v1/messages"
+    answer_kind = "Messages API message"
+    done_markers = (b"event: message_stop", b"event: error")
+
+    def decode(self, raw: bytes) -> Decoded:
+        return decode(raw)
+
+    def watch(self) -> faults.StreamWatch:
+        return MessagesWatch()
+
+    def stream_rounds(self, rc: RoundsContext, first: httpx.Response) -> AsyncIterator[bytes]:
+        from proxy.wire.messages_framer import MessagesFramer
+
+        return round_stream.stream(rc, first, MessagesFramer(rc.decoded))
+
+    def read_answer(self, payload: bytes) -> tuple[dict[str, Any] | None, str]:
+        try:
+            data = orjson.loads(payload)
+        except orjson.JSONDecodeError as exc:
+            return None, f"not JSON: {exc}"
+        if not isinstance(data, dict):
+            return None, f"a JSON {type(data).__name__}, not an object"
+        if data.get("type") == "error" or data.get("error"):
+            return None, f"an error object: {faults.error_message(data.get('error'))}"
+        content = data.get("content")
+        if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
+            return None, "content is not a list of blocks"
+        if any(b.get("type") == "tool_use" and not isinstance(b.get("id"), str) for b in content):
+            return None, "a tool_use block has no id"
+        return data, ""
+
+    def turn(self, data: dict[str, Any], decoded: Decoded) -> Turn:
+        content = data["content"]
+        calls = [neutral_call(b) for b in content if b.get("type") == "tool_use"]
+        text = block_text([b for b in content if b.get("type") == "text"]) or None
+        assistant: dict[str, Any] = {"role": "assistant", "content": text, "tool_calls": calls}
+        decoded.register(assistant, {"role": "assistant", "content": content})
+        return Turn(text, calls, assistant)
+
+    def keep_calls(self, data: dict[str, Any], client_calls: list[dict[str, Any]], note: str | None) -> None:
+        keep = {c.get("id") for c in client_calls}
+        data["content"] = [b for b in data["content"] if b.get("type") != "tool_use" or b.get("id") in keep]
+        if client_calls:
+            data["stop_reason"] = "tool_use"
+            return
+        if note and not any(b.get("type") == "text" and b.get("text") for b in data["content"]):
+            data["content"].append({"type": "text", "text": note})
+        data["stop_reason"] = "end_turn"
+
+    def usage(self, data: dict[str, Any]) -> dict[str, Any] | None:
+        usage = data.get("usage")
+        return usage if isinstance(usage, dict) else None
+
+    def set_usage(self, data: dict[str, Any], usage: dict[str, Any]) -> None:
+        data["usage"] = usage
+
+    def error_body(self, error: CtxProxyError) -> bytes:
+        return orjson.dumps({"type": "error", "error": error_object(error)})
+
+    def error_event(self, message: str, code: str, kind: str = "upstream_error") -> bytes:
+        error_kind = "overloaded_error" if code == "upstream_overloaded" else "api_error"
+        return sse_event("error", {"type": "error", "error": {"type": error_kind, "message": message}})
+
+    def command_answer(self, text: str, model: str) -> bytes:
+        return orjson.dumps(_message(text, model))
+
+    def command_stream(self, text: str, model: str) -> list[bytes]:
+        message = _message("", model) | {"content": [], "stop_reason": None}
+        return [sse_event("message_start", {"type": "message_start", "message": message}),
+                sse_event("content_block_start", {"type": "content_block_start", "index": 0,
+                                                  "content_block": {"type": "text", "text": ""}}),
+                sse_event("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                                  "delta": {"type": "text_delta", "text": text}}),
+                sse_event("content_block_stop", {"type": "content_block_stop", "index": 0}),
+                sse_event("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn",
+                                                                               "stop_sequence": None},
+                                            "usage": {"output_tokens": 0}}),
+                sse_event("message_stop", {"type": "message_stop"})]
+
+
+def _message(text: str, model: str) -> dict[str, Any]:
+    return {"id": f"msg_ctxproxy_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant",
+            "model": model, "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
+            "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}
+
+
+MESSAGES = MessagesFormat()
