@@ -97,6 +97,11 @@ async def converse(request: Request, wire: WireFormat) -> Response:
     decoded = await off_loop_if_large(len(raw), wire.decode, raw)
     tenant, session = identify(request.headers, decoded.session_body)  # keyless: a tenant per session
     upstream = state.upstreams[wire.name]
+    if decoded.native_context:  # never both managing one span: the policy says whose it is
+        if policy.policy.window.native == "provider":
+            policy = policy.leaving_context_to_provider()
+        else:
+            decoded.take_over_context()
 
     command = commands.parse({"messages": decoded.messages}, policy.policy.commands)
     if command is not None:

@@ -21,6 +21,7 @@ class ParsedResponse:
     response_id: str | None = None
     finish_reason: str | None = None
     problems: list[str] = field(default_factory=list)
+    raw_usage: dict[str, Any] | None = None  # the provider's own usage object when `usage` is a mapping
 
 
 def integer(value: Any, default: int | None = None) -> int | None:
@@ -42,6 +43,10 @@ def _kind(value: Any) -> str:
 
 def parse_response(record: ExchangeRecord) -> ParsedResponse:
     """The answer of a 2xx exchange, whatever shape it came in: what can be read, plus what could not."""
+    if record.route == "messages":
+        from proxy.wire.messages_archive import parse_messages_response
+
+        return parse_messages_response(record)
     if record.stream:
         folded = assemble(record.response_chunks)
         parsed = ParsedResponse(usage=folded.usage, response_id=folded.response_id,

@@ -180,7 +180,9 @@ class RowWriter:
         details = details if isinstance(details, dict) else {}
         fields_.update(prompt_tokens=integer(usage.get("prompt_tokens")),
                        completion_tokens=integer(usage.get("completion_tokens")),
-                       cached_tokens=integer(details.get("cached_tokens")))
+                       cached_tokens=integer(details.get("cached_tokens")),
+                       cache_write_tokens=integer(details.get("cache_write_tokens")),
+                       usage=dumps(parsed.raw_usage or usage).decode() if usage else None)
         if parsed.problems:
             fields_["parse_error"] = "; ".join(parsed.problems)[:4000]
             fields_["response_raw"] = raw

@@ -163,3 +163,11 @@ def m010_own_traffic_and_read_back(db: Database) -> None:
     # first_chunk), so a hit deep in a long result names its line number without reading what precedes.
     db.execute("CREATE TABLE message_chunk_lines (message_id TEXT PRIMARY KEY, first_chunk INTEGER, "
                "starts TEXT)")
+
+
+@migrations()
+def m011_cache_writes_and_usage(db: Database) -> None:
+    # Providers bill cache writes apart (Anthropic: cache_creation_input_tokens, split by TTL): the tokens
+    # written, and the answer's usage object as the provider sent it.
+    db.table("exchanges").add_column("cache_write_tokens", int)
+    db.table("exchanges").add_column("usage", str)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -79,6 +80,10 @@ class WindowPolicy(_Section):
     max_pct: float = Field(0.75, gt=0.0, le=1.0)
     low_water_pct: float = Field(0.50, gt=0.0, lt=1.0)  # evict in one batch down to this share of it
     recall_results: int = Field(8, ge=1, le=50)
+    # A request that asks the provider to manage context itself (Anthropic `context_management` edits):
+    # provider — ours stays off for it (no replacement, masking, eviction or gate; archive and blocks
+    # still on); proxy — ours manages it and the request's `context_management` is not forwarded.
+    native: Literal["provider", "proxy"] = "provider"
 
 
 class PinnedPolicy(_Section):
@@ -154,6 +159,15 @@ class LoadedPolicy:
     name: str
     policy: Policy
     path: Path | None  # None for the built-in default
+
+    def leaving_context_to_provider(self) -> LoadedPolicy:
+        """This policy with every layer that rewrites the conversation off (the provider manages it)."""
+        off = {"enabled": False}
+        policy = self.policy.model_copy(update={
+            "tool_results": self.policy.tool_results.model_copy(update=off),
+            "budget": self.policy.budget.model_copy(update=off),
+            "window": self.policy.window.model_copy(update=off)})
+        return dataclasses.replace(self, policy=policy)
 
     @property
     def folder(self) -> Path | None:

@@ -160,6 +160,7 @@ async def complete(rc: RoundsContext) -> faults.Answer:
     conversation = Conversation(rc)
     usage: dict[str, Any] | None = None
     rewrite = False
+    earlier: list[dict[str, Any]] = []  # answers of the rounds we answered ourselves
     while True:
         record, content = await begin_round(rc, conversation)
         started = time.perf_counter()
@@ -197,6 +198,7 @@ async def complete(rc: RoundsContext) -> faults.Answer:
         if conversation.round >= rc.max_rounds:
             rc.wire.keep_calls(data, client_calls, stopped_note(rc.max_rounds))
             break
+        earlier.append(data)
         try:
             await conversation.answer(turn)
         except CtxProxyError:
@@ -205,6 +207,7 @@ async def complete(rc: RoundsContext) -> faults.Answer:
     if rewrite or conversation.round:
         if usage is not None:
             rc.wire.set_usage(data, usage)
+        rc.wire.merge_rounds(data, earlier)
         payload = await off_loop_if_large(len(payload), orjson.dumps, data)
     return response, payload, None
 

@@ -22,6 +22,7 @@ AGENT_SESSION_HEADERS = (
     "x-opencode-session",
 )
 SESSION_ID = re.compile(r"^[A-Za-z0-9_.:@-]{1,128}$")
+CLAUDE_CODE_SESSION = re.compile(r"_session_([0-9a-fA-F-]{8,64})$")
 
 
 @dataclass(frozen=True)
@@ -90,12 +91,18 @@ def resolve_session(headers: Mapping[str, str], body: dict[str, Any], tenant: st
     metadata = body.get("metadata")
     if isinstance(metadata, dict) and metadata.get("session_id"):
         return Session(_clean(metadata["session_id"], "meta"), "metadata")
+    user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
+    in_user_id = CLAUDE_CODE_SESSION.search(user_id) if isinstance(user_id, str) else None
+    if in_user_id:  # Claude Code: user_<hash>_account_<uuid>_session_<uuid>
+        return Session(_clean(in_user_id.group(1), "meta"), "metadata")
     for name in AGENT_SESSION_HEADERS:
         value = headers.get(name)
         if value:
             return Session(_clean(value, "agent"), f"agent-header:{name}")
     if isinstance(body.get("user"), str) and body["user"].strip():
         return Session(_clean(body["user"], "user"), "user")
+    if isinstance(user_id, str) and user_id.strip():  # Anthropic's metadata.user_id names the end user
+        return Session(_clean(user_id, "user"), "user")
     return Session(fingerprint(body.get("messages") or [], tenant), "fingerprint")
 
 

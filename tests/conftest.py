@@ -5,6 +5,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import anthropic
 import openai
 import pytest
 import yaml
@@ -49,6 +50,12 @@ class RunningProxy:
         kwargs.setdefault("base_url", f"{self.url}/v1")
         return openai.OpenAI(api_key=api_key, max_retries=0, timeout=30, **kwargs)
 
+    def anthropic(self, api_key: str = "sk-ant-test-key", policy: str | None = None,
+                  **kwargs) -> anthropic.Anthropic:
+        """The official Anthropic SDK as Claude Code is configured: ANTHROPIC_BASE_URL = the proxy."""
+        base = f"{self.url}/p/{policy}" if policy else self.url
+        return anthropic.Anthropic(api_key=api_key, base_url=base, max_retries=0, timeout=30, **kwargs)
+
 
 def write_config(tmp_path: Path, upstream_url: str, extra: dict | None = None) -> Path:
     policies = tmp_path / "policies"
@@ -56,7 +63,8 @@ def write_config(tmp_path: Path, upstream_url: str, extra: dict | None = None) -
     (policies / "passthrough.yaml").write_text(yaml.safe_dump({
         section: {"enabled": False}
         for section in ("tool_results", "budget", "window", "summary", "working_memory", "folded")}))
-    config: dict = {"upstream": {"base_url": f"{upstream_url}/v1", "timeout_s": 30},
+    config: dict = {"upstream": {"base_url": f"{upstream_url}/v1", "anthropic_base_url": upstream_url,
+                                 "timeout_s": 30},
                     "data_dir": "data", "policies_dir": "policies"}
     for key, value in (extra or {}).items():
         config[key] = config.get(key, {}) | value if isinstance(value, dict) else value

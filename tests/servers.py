@@ -1,7 +1,9 @@
 """Real uvicorn servers on loopback sockets for the tests, plus a scripted fake provider.
 
 The fake upstream stands in for the provider we cannot reach. It records every request it gets
-(raw bytes and headers) and answers from a script of steps, defaulting to a short echo reply.
+(raw bytes and headers) and answers from a script of steps, defaulting to a short echo reply. It speaks
+OpenAI chat completions on `/v1/chat/completions` and Anthropic Messages on `/v1/messages` (shapes in
+`tests.anthropic_upstream`); both routes share one script.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
+
+from tests.anthropic_upstream import last_user_text, message, message_stream
+from tests.anthropic_upstream import text as text_block
 
 
 class ServerThread:
@@ -78,6 +83,8 @@ FAULTS = frozenset({RESET, CLOSE})
 class Step:
     """One scripted answer. `kind`: reply | stream | error | hang | raw.
 
+    A reply answers `payload` verbatim when given, else on the chat route a completion of `content` /
+    `tool_calls`, on the messages route a Message of `blocks` (else of one text block `content`).
     `fault` (reset | close) breaks a stream or raw answer off after its chunks / first `cut_after`
     body bytes; `hang_after_chunks` stalls a stream after its chunks until the client goes away.
     """
@@ -93,6 +100,8 @@ class Step:
     hold_after_first: threading.Event | None = None  # send the rest only once the test saw chunk one
     fault: str | None = None  # RESET | CLOSE, after the chunks (stream) or `cut_after` bytes (raw)
     cut_after: int = 0  # raw answers with a fault: how many body bytes go out first
+    blocks: list[dict[str, Any]] | None = None  # messages route: the reply's content blocks
+    payload: dict[str, Any] | None = None  # reply: this JSON object as the whole answer (either route)
 
 
 def huge_stream(size: int, *, piece: int = 1 << 16, response_id: str = "chatcmpl-huge") -> list[bytes]:
@@ -165,6 +174,7 @@ class FakeUpstream:
         self.saw_disconnect = threading.Event()
         self.routes = Starlette(routes=[
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/messages", self.messages, methods=["POST"]),
             Route("/v1/{path:path}", self.other, methods=["GET", "POST", "DELETE", "PUT", "PATCH"]),
         ])
         self.app = WithTransport(self.routes)
@@ -184,6 +194,10 @@ class FakeUpstream:
     def chat_requests(self) -> list[Seen]:
         return [s for s in self.seen if s.path.endswith("/chat/completions")]
 
+    @property
+    def messages_requests(self) -> list[Seen]:
+        return [s for s in self.seen if s.path.split("?")[0] == "/v1/messages"]
+
     async def _record(self, request: Request) -> Seen:
         seen = Seen(request.url.path + (f"?{request.url.query}" if request.url.query else ""),
                     request.method, dict(request.headers), await request.body())
@@ -198,8 +212,7 @@ class FakeUpstream:
                 self.saw_disconnect.set()
                 return
 
-    async def chat(self, request: Request) -> Response:
-        seen = await self._record(request)
+    def _next_step(self, seen: Seen) -> Step | None:
         model = orjson.loads(seen.body).get("model") if seen.body.startswith(b"{") else None
         if model in self.by_model:
             step = self.by_model[model](seen)
@@ -207,12 +220,35 @@ class FakeUpstream:
             step = self.script.popleft() if self.script else None
         if callable(step):
             step = step(seen)
+        return step
+
+    async def chat(self, request: Request) -> Response:
+        seen = await self._record(request)
+        step = self._next_step(seen)
         if step is None:
             body = seen.json()
             last = body["messages"][-1].get("content")
             step = Step(content=f"echo: {last}" if isinstance(last, str) else "echo")
             if body.get("stream"):
                 step = Step(kind="stream", chunks=stream_chunks([step.content or ""]))
+        return await self._answer(request, step, lambda: completion(step.content, step.tool_calls))
+
+    async def messages(self, request: Request) -> Response:
+        seen = await self._record(request)
+        step = self._next_step(seen)
+        if step is None:
+            body = seen.json()
+            last = last_user_text(body)
+            blocks = [text_block(f"echo: {last}" if last is not None else "echo")]
+            step = Step(kind="stream", chunks=message_stream(blocks)) if body.get("stream") \
+                else Step(blocks=blocks)
+        blocks = step.blocks if step.blocks is not None else [text_block(step.content or "")]
+        return await self._answer(request, step, lambda: message(blocks),
+                                  extra_headers={"request-id": "req_fake"})
+
+    async def _answer(self, request: Request, step: Step, reply: Callable[[], dict[str, Any]],
+                      extra_headers: dict[str, str] | None = None) -> Response:
+        extra = extra_headers or {}
         if step.kind == "hang":
             await self._wait_for_disconnect(request)
             return Response(b"", status_code=599)
@@ -241,11 +277,11 @@ class FakeUpstream:
                     await self._wait_for_disconnect(request)
 
             return StreamingResponse(generate(), status_code=step.status,
-                                     headers={"x-upstream": "fake", **step.headers},
+                                     headers={"x-upstream": "fake", **extra, **step.headers},
                                      media_type="text/event-stream")
-        payload = orjson.dumps(completion(step.content, step.tool_calls))
+        payload = orjson.dumps(step.payload if step.payload is not None else reply())
         return Response(payload, status_code=step.status, media_type="application/json",
-                        headers={"x-upstream": "fake", **step.headers})
+                        headers={"x-upstream": "fake", **extra, **step.headers})
 
     async def _break(self, request: Request, fault: str) -> None:
         """End the connection mid-answer: FIN without the last chunk (CLOSE) or an RST (RESET)."""

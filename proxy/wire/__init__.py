@@ -45,6 +45,8 @@ class Decoded:
     encode: Callable[[list[Message], list[Message], list[Any] | None], bytes]  # (forwarded, original, tools)
     register: Callable[[Message, Any], None] = lambda neutral, native: None  # a round's message, native form
     params: dict[str, Any] = field(default_factory=dict)  # archived beside the messages
+    native_context: bool = False  # the request asks the provider to manage context (policy window.native)
+    take_over_context: Callable[[], None] = lambda: None  # ours manages it: the request's own ask is dropped
 
 
 class WireFormat(Protocol):
@@ -70,6 +72,8 @@ class WireFormat(Protocol):
     def usage(self, data: dict[str, Any]) -> dict[str, Any] | None: ...
 
     def set_usage(self, data: dict[str, Any], usage: dict[str, Any]) -> None: ...
+
+    def merge_rounds(self, data: dict[str, Any], earlier: list[dict[str, Any]]) -> None: ...
 
     def error_body(self, error: CtxProxyError) -> bytes: ...
 

@@ -87,6 +87,9 @@ class ChatFormat:
     def set_usage(self, data: dict[str, Any], usage: dict[str, Any]) -> None:
         data["usage"] = usage
 
+    def merge_rounds(self, data: dict[str, Any], earlier: list[dict[str, Any]]) -> None:
+        """A chat answer is its last round's message (what earlier rounds said went to our tools)."""
+
     def error_body(self, error: CtxProxyError) -> bytes:
         return error.body_bytes()
 

@@ -19,6 +19,7 @@ last block before the gap (never more than 4 in all).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,9 @@ import orjson
 
 from proxy.wire import Decoded, Message
 from proxy.wire.messages_check import validate_messages_request
+from proxy.wire.messages_rules import problems
+
+log = logging.getLogger("ctxproxy")
 
 MAX_BREAKPOINTS = 4
 SYSTEM = -1  # the `k` of the system prompt's neutral message
@@ -45,11 +49,14 @@ class Origin:
 def decode(raw: bytes) -> Decoded:
     body = validate_messages_request(raw)
     encoder = Encoder(body, raw)
+    management = body.get("context_management")
     return Decoded(body=body, model=str(body.get("model") or ""), stream=body.get("stream") is True,
                    messages=encoder.neutral, tools=body.get("tools"),
                    session_body={"metadata": body.get("metadata"), "messages": encoder.neutral},
                    encode=encoder.encode, register=encoder.register,
-                   params={k: v for k, v in body.items() if k not in ("messages", "system")})
+                   params={k: v for k, v in body.items() if k not in ("messages", "system")},
+                   native_context=isinstance(management, dict) and bool(management.get("edits")),
+                   take_over_context=encoder.take_over_context)
 
 
 def block_text(blocks: list[Any]) -> str:
@@ -63,6 +70,8 @@ def neutral_part(block: dict[str, Any]) -> dict[str, Any]:
         return {"type": "text", "text": block.get("text", "")}
     if kind in ("image", "document"):
         return {"type": "image"}
+    if kind in UNCACHEABLE:  # thinking: its words count, its signature and data barely
+        return {"type": kind, "thinking": block.get("thinking") or block.get("data", "")[:64]}
     return {"type": "text", "text": orjson.dumps({k: v for k, v in block.items() if k != "cache_control"})
             .decode()}
 
@@ -108,6 +117,7 @@ def reminder(text: str) -> dict[str, Any]:
 class Encoder:
     def __init__(self, body: dict[str, Any], raw: bytes = b"") -> None:
         self.body, self.raw = body, raw
+        self.start = compacted_until(body["messages"])  # what precedes is the provider's to manage
         self.origins: dict[int, Origin] = {}
         self.keep: list[Message] = []  # neutral messages whose ids are in `origins` stay alive
         self.call_owner: dict[str, tuple[int, dict[str, Any]]] = {}  # tool_use id -> (k, native message)
@@ -128,27 +138,29 @@ class Encoder:
             text = system if isinstance(system, str) else block_text(system)
             out.append(self._note({"role": "system", "content": text}, Origin(SYSTEM, {}, None)))
         for k, native in enumerate(self.body["messages"]):
-            out.extend(self.decode_message(k, native))
+            if k >= self.start:
+                out.extend(self.decode_message(k, native))
         return out
+
+    def take_over_context(self) -> None:
+        """The proxy manages context: the request's `context_management` does not go upstream."""
+        self.body = {k: v for k, v in self.body.items() if k != "context_management"}
+        self.raw = b""
 
     def decode_message(self, k: int, native: dict[str, Any]) -> list[Message]:
         role, content = native["role"], native["content"]
         if isinstance(content, str):
             return [self._note({"role": role, "content": content}, Origin(k, native, None))]
+        if role == "assistant" and k == self.start and self.start:
+            # The provider's compaction summary stands for everything before it: like the system
+            # prompt, never evicted (the rest of the turn is an assistant message like any other).
+            kept = [i for i, b in enumerate(content) if b.get("type") == "compaction"]
+            rest = [i for i in range(len(content)) if i not in kept]
+            summary = "\n".join(str(content[i].get("content") or "") for i in kept)
+            head = self._note({"role": "system", "content": summary}, Origin(k, native, tuple(kept)))
+            return [head, *self._assistant(k, native, rest)]
         if role == "assistant":
-            texts = [b for b in content if b.get("type") == "text"]
-            calls = [b for b in content if b.get("type") == "tool_use"]
-            for block in calls:
-                self.call_owner[str(block.get("id"))] = (k, native)
-            other = [neutral_part(b) for b in content
-                     if b.get("type") not in ("text", "tool_use", *UNCACHEABLE)]
-            message: Message = {"role": "assistant", "content": block_text(texts) or None}
-            if other:  # server tools' calls and results: counted, never rewritten
-                message["content"] = [*([{"type": "text", "text": message["content"]}]
-                                        if message["content"] else []), *other]
-            if calls:
-                message["tool_calls"] = [neutral_call(b) for b in calls]
-            return [self._note(message, Origin(k, native, tuple(range(len(content)))))]
+            return self._assistant(k, native, list(range(len(content))))
         out: list[Message] = []
         run: list[int] = []
 
@@ -172,6 +184,23 @@ class Encoder:
         flush()
         return out
 
+    def _assistant(self, k: int, native: dict[str, Any], indexes: list[int]) -> list[Message]:
+        content = [native["content"][i] for i in indexes]
+        texts = [b for b in content if b.get("type") == "text"]
+        calls = [b for b in content if b.get("type") == "tool_use"]
+        for block in calls:
+            self.call_owner[str(block.get("id"))] = (k, native)
+        # Thinking counts in a tool loop, and server tools' calls and results always: kept as parts
+        # the token counter reads (never rewritten; headlines read text parts only).
+        other = [neutral_part(b) for b in content if b.get("type") not in ("text", "tool_use")]
+        message: Message = {"role": "assistant", "content": block_text(texts) or None}
+        if other:
+            message["content"] = [*([{"type": "text", "text": message["content"]}]
+                                    if message["content"] else []), *other]
+        if calls:
+            message["tool_calls"] = [neutral_call(b) for b in calls]
+        return [self._note(message, Origin(k, native, tuple(indexes)))]
+
     def register(self, neutral: Message, native: Any) -> None:
         """A message an internal round added (the model's answer): its native form goes upstream."""
         self.extra += 1
@@ -188,7 +217,7 @@ class Encoder:
         turns: list[tuple[str, list[dict[str, Any]], dict[str, Any] | None]] = []  # role, blocks, native
         dropped: list[dict[str, Any]] = []  # cache_control values of blocks that left the prompt
         anchor: tuple[int, int] | None = None  # (turn, block) where a dropped breakpoint goes
-        last_k = -1
+        last_k = self.start - 1
         seen_conversation = False
         for sent, client in zip(forwarded, original, strict=True):
             origin = self.origins.get(id(client))
@@ -200,7 +229,7 @@ class Encoder:
                 else:
                     self._add(turns, "user", [reminder(str(client.get("content") or ""))], None)
                 continue
-            seen_conversation = True
+            seen_conversation = seen_conversation or client.get("role") != "system"
             if origin is not None and origin.k > last_k + 1 and origin.k < len(self.body["messages"]):
                 gone = self._breakpoints_between(last_k + 1, origin.k)
                 if gone and anchor is None and turns:
@@ -216,13 +245,19 @@ class Encoder:
             base = [{"type": "text", "text": system}] if isinstance(system, str) and system else \
                 list(system or [])
             out["system"] = [*base, *system_extra]
-        messages = [self._message(role, blocks, native) for role, blocks, native in turns]
+        messages = [*self.body["messages"][:self.start],
+                    *(self._message(role, blocks, native) for role, blocks, native in turns)]
         if dropped and anchor is not None:
-            self._reanchor(messages, out, anchor, dropped[0])
+            self._reanchor(messages, out, (anchor[0] + self.start, anchor[1]), dropped[0])
         out["messages"] = messages
         if tools is not None and tools is not self.body.get("tools"):
             client_tools = list(self.body.get("tools") or [])
             out["tools"] = [*client_tools, *(native_tool(t) for t in tools[len(client_tools):])]
+        broken = problems(out)
+        if broken and not self.extra and not problems(self.body):
+            # A rewrite the provider would reject is our bug: the client's request goes instead.
+            log.error("Messages rewrite broke the request (%s); forwarding it unchanged", "; ".join(broken))
+            return self.raw or orjson.dumps(self.body)
         return orjson.dumps(out)
 
     def _blocks(self, sent: Message, client: Message,
@@ -318,6 +353,17 @@ class Encoder:
         content = list(content)
         content[index] = {**content[index], "cache_control": value}
         messages[turn] = {**messages[turn], "content": content}
+
+
+def compacted_until(messages: list[dict[str, Any]]) -> int:
+    """The index of the last message holding a provider `compaction` block (0 without one): the provider
+    reads nothing before that block, so the layers leave it alone and it goes upstream as sent."""
+    for k in range(len(messages) - 1, -1, -1):
+        content = messages[k].get("content")
+        if isinstance(content, list) and any(isinstance(b, dict) and b.get("type") == "compaction"
+                                             for b in content):
+            return k
+    return 0
 
 
 def count_breakpoints(body: dict[str, Any], messages: list[dict[str, Any]]) -> int:

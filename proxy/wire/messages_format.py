@@ -124,6 +124,13 @@ class MessagesFormat:
     def set_usage(self, data: dict[str, Any], usage: dict[str, Any]) -> None:
         data["usage"] = usage
 
+    def merge_rounds(self, data: dict[str, Any], earlier: list[dict[str, Any]]) -> None:
+        """The blocks earlier rounds showed (thinking, text; never our tool_use) lead the answer, as
+        they do in a stream: one message, whether streamed or not."""
+        shown = [b for answer in earlier for b in answer["content"] if b.get("type") != "tool_use"]
+        if shown:
+            data["content"] = [*shown, *data["content"]]
+
     def error_body(self, error: CtxProxyError) -> bytes:
         return orjson.dumps({"type": "error", "error": error_object(error)})
 
