@@ -10,8 +10,8 @@ import httpx
 import orjson
 import pytest
 
-from tests.anthropic_upstream import message_stream, text, thinking, tool_result, tool_use
-from tests.servers import Seen, Step
+from tests.anthropic_upstream import error_body, message_stream, text, thinking, tool_result, tool_use
+from tests.servers import CLOSE, Seen, Step
 
 MODEL = "claude-sonnet-4-5"
 BIG = "\n".join(f"line {i}: value={i * 7} path=src/mod_{i % 13}.py" for i in range(500))
@@ -199,3 +199,45 @@ def test_slash_command_answers_in_anthropic_shape(proxy, fake_upstream):
                                 messages=[{"role": "user", "content": "/pins"}]) as stream:
         assert stream.get_final_message().content[0].text
     assert fake_upstream.messages_requests == []
+
+
+@pytest.mark.parametrize("rounds", [False, True], ids=["relayed", "internal-rounds"])
+def test_a_stream_cut_short_raises_in_the_sdk_and_is_archived_as_such(proxy, fake_upstream, rounds):
+    """A Messages stream that ends without message_stop must not look like a short answer: the SDK
+    only raises on an `error` event, so the proxy adds one."""
+    cut = message_stream([text("partial answer")])[:5]  # no message_delta, no message_stop
+    if rounds:  # the model reads a result first, then its second round breaks off
+        fake_upstream.then(Step(kind="stream", chunks=message_stream([internal()])),
+                           Step(kind="stream", chunks=cut, fault=CLOSE))
+        messages = history()
+    else:
+        fake_upstream.then(Step(kind="stream", chunks=cut, fault=CLOSE))
+        messages = [{"role": "user", "content": "hi"}]
+    client = proxy.anthropic()
+    with pytest.raises(anthropic.APIStatusError), client.messages.stream(
+            model=MODEL, max_tokens=100, system=SYSTEM, tools=TOOLS, messages=messages) as stream:
+        stream.get_final_message()
+    rows = exchanges(proxy)
+    assert rows[-1]["error"] and "stream" in rows[-1]["error"]
+
+
+def test_upstream_error_status_reaches_the_sdk_as_sent(proxy, fake_upstream):
+    fake_upstream.then(Step(kind="error", status=529, body=error_body("overloaded_error", "Overloaded")))
+    with pytest.raises(anthropic.APIStatusError) as raised:
+        proxy.anthropic().messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "x"}])
+    assert raised.value.status_code == 529 and raised.value.body["error"]["type"] == "overloaded_error"
+    assert exchanges(proxy)[-1]["status"] == 529
+
+
+def test_recall_finds_an_anthropic_conversation(proxy, fake_upstream):
+    client = proxy.anthropic()
+    fake_upstream.then(Step(blocks=[text("noted")]))
+    client.messages.create(model=MODEL, max_tokens=5, messages=history("invoice INV-2024-000871 failed"),
+                           tools=TOOLS, system=SYSTEM)
+    proxy.flush()
+    answer = client.messages.create(model=MODEL, max_tokens=5,
+                                    messages=[*history("invoice INV-2024-000871 failed"),
+                                              {"role": "assistant", "content": "noted"},
+                                              {"role": "user", "content": "/recall INV-2024-000871"}],
+                                    tools=TOOLS, system=SYSTEM)
+    assert "INV-2024-000871" in answer.content[0].text and "toolu_read" in answer.content[0].text
