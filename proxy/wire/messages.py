@@ -219,6 +219,7 @@ class Encoder:
         anchor: tuple[int, int] | None = None  # (turn, block) where a dropped breakpoint goes
         last_k = self.start - 1
         seen_conversation = False
+        injected: set[int] = set()  # the blocks made from the pipeline's injected messages
         for sent, client in zip(forwarded, original, strict=True):
             origin = self.origins.get(id(client))
             if origin is not None and origin.k == SYSTEM:
@@ -227,7 +228,9 @@ class Encoder:
                 if not seen_conversation:
                     system_extra.append({"type": "text", "text": str(client.get("content") or "")})
                 else:
-                    self._add(turns, "user", [reminder(str(client.get("content") or ""))], None)
+                    block = reminder(str(client.get("content") or ""))
+                    injected.add(id(block))
+                    self._add(turns, "user", [block], None)
                 continue
             seen_conversation = seen_conversation or client.get("role") != "system"
             if origin is not None and origin.k > last_k + 1 and origin.k < len(self.body["messages"]):
@@ -239,6 +242,7 @@ class Encoder:
                 last_k = max(last_k, origin.k)
             role, blocks, native = self._blocks(sent, client, origin)
             self._add(turns, role, blocks, native)
+        prefill_last(turns, injected)
         out = dict(self.body)
         if system_extra:
             system = self.body.get("system")
@@ -353,6 +357,21 @@ class Encoder:
         content = list(content)
         content[index] = {**content[index], "cache_control": value}
         messages[turn] = {**messages[turn], "content": content}
+
+
+def prefill_last(turns: list[tuple[str, list[dict[str, Any]], dict[str, Any] | None]],
+                 injected: set[int]) -> None:
+    """A request that ends in an assistant turn (a prefill the model continues) keeps it last: blocks the
+    pipeline injected after it join the user turn before it."""
+    if len(turns) < 2 or turns[-1][0] != "user" or turns[-2][0] != "assistant" \
+            or not all(id(block) in injected for block in turns[-1][1]):
+        return
+    _, blocks, _ = turns.pop()
+    if len(turns) >= 2 and turns[-2][0] == "user":
+        role, before, _ = turns[-2]
+        turns[-2] = (role, [*before, *blocks], None)
+    else:
+        turns.insert(len(turns) - 1, ("user", blocks, None))
 
 
 def compacted_until(messages: list[dict[str, Any]]) -> int:

@@ -48,9 +48,11 @@ def test_layers_act_on_claude_codes_request_and_keep_what_must_stay(make_proxy, 
     response = send(proxy, source)
     assert response.status_code == 200 and b"event: message_stop" in response.content
     assert response.headers["x-ctxproxy-session"] == source["metadata"]["user_id"].rsplit("_", 1)[-1]
-    assert int(response.headers["x-ctxproxy-tokens-after"]) < int(response.headers["x-ctxproxy-tokens-before"]) / 3
+    before, after = (int(response.headers[f"x-ctxproxy-tokens-{k}"]) for k in ("before", "after"))
+    assert after < before / 3
     sent = fake_upstream.messages_requests[0]
-    assert sent.path == "/v1/messages?beta=true" and sent.headers["anthropic-beta"] == HEADERS["anthropic-beta"]
+    assert sent.path == "/v1/messages?beta=true"
+    assert sent.headers["anthropic-beta"] == HEADERS["anthropic-beta"]
     forwarded = sent.json()
     assert problems(forwarded) == []
     assert forwarded["system"] == source["system"] and forwarded["thinking"] == source["thinking"]
@@ -74,7 +76,8 @@ def test_replacements_are_sticky_from_one_turn_to_the_next(make_proxy, fake_upst
     fake_upstream.then(Step(kind="stream", chunks=message_stream([text("Running it.")])),
                        Step(kind="stream", chunks=message_stream([text("Done.")])))
     send(proxy, first)
-    second = dict(first, messages=[*first["messages"], {"role": "assistant", "content": [text("Running it.")]},
+    second = dict(first, messages=[*first["messages"],
+                                   {"role": "assistant", "content": [text("Running it.")]},
                                    {"role": "user", "content": "thanks, now commit"}])
     send(proxy, second)
     one, two = (s.json()["messages"] for s in fake_upstream.messages_requests)
@@ -93,7 +96,7 @@ def test_evicted_result_reads_back_and_its_breakpoint_is_reanchored(make_proxy, 
     def second(seen: Seen) -> Step:
         page = seen.json()["messages"][-1]["content"][0]["content"]
         header, _, lines = page.partition("\n")  # a long result comes back in pages of whole lines
-        assert header.startswith(f"[lines 1-") and f"call_id={evicted_id}" in header
+        assert header.startswith("[lines 1-") and f"call_id={evicted_id}" in header
         assert original.startswith(lines) and len(lines) > 2000  # byte for byte
         return Step(blocks=[text("It was the leap day.")])
 

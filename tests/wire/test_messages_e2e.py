@@ -25,8 +25,8 @@ def history(result: str = BIG) -> list[dict]:
         {"role": "user", "content": "Summarize big.log"},
         {"role": "assistant", "content": [thinking("I should read it.", "sig-1"), text("Reading."),
                                           tool_use("toolu_read", "read_file", {"path": "big.log"})]},
-        {"role": "user", "content": [tool_result("toolu_read", result),
-                                     {"type": "text", "text": "go on", "cache_control": {"type": "ephemeral"}}]},
+        {"role": "user", "content": [tool_result("toolu_read", result), {
+            "type": "text", "text": "go on", "cache_control": {"type": "ephemeral"}}]},
     ]
 
 
@@ -66,7 +66,8 @@ def test_unchanged_request_goes_upstream_byte_for_byte(proxy, fake_upstream):
     assert response.status_code == 200
     seen = fake_upstream.messages_requests[0]
     assert seen.body == body
-    assert seen.headers["x-api-key"] == "k" and seen.headers["anthropic-beta"] == "interleaved-thinking-2025-05-14"
+    assert seen.headers["x-api-key"] == "k"
+    assert seen.headers["anthropic-beta"] == "interleaved-thinking-2025-05-14"
 
 
 def second_round(seen: Seen) -> Step:
@@ -79,7 +80,8 @@ def second_round(seen: Seen) -> Step:
 
 
 def test_summarized_result_is_read_back_and_the_client_never_sees_the_call(proxy, fake_upstream):
-    fake_upstream.then(Step(blocks=[thinking("Let me read the original.", "sig-2"), internal()]), second_round)
+    fake_upstream.then(Step(blocks=[thinking("Let me read the original.", "sig-2"), internal()]),
+                       second_round)
     raw = proxy.anthropic().messages.with_raw_response.create(
         model=MODEL, max_tokens=100, system=SYSTEM, tools=TOOLS, messages=history())
     result = raw.parse()
@@ -152,7 +154,8 @@ def test_mixed_internal_and_client_calls(proxy, fake_upstream, stream):
 
 def test_refusal_is_prompt_too_long_with_checkpoint(make_proxy, fake_upstream):
     proxy = make_proxy()
-    (proxy.policies_dir / "tiny.yaml").write_text("budget: {max_input_tokens: 300}\nwindow: {enabled: false}\n")
+    (proxy.policies_dir / "tiny.yaml").write_text(
+        "budget: {max_input_tokens: 300}\nwindow: {enabled: false}\n")
     with pytest.raises(anthropic.BadRequestError) as raised:
         proxy.anthropic(policy="tiny").messages.create(
             model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "word " * 2000}])
@@ -224,7 +227,8 @@ def test_a_stream_cut_short_raises_in_the_sdk_and_is_archived_as_such(proxy, fak
 def test_upstream_error_status_reaches_the_sdk_as_sent(proxy, fake_upstream):
     fake_upstream.then(Step(kind="error", status=529, body=error_body("overloaded_error", "Overloaded")))
     with pytest.raises(anthropic.APIStatusError) as raised:
-        proxy.anthropic().messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "x"}])
+        proxy.anthropic().messages.create(model=MODEL, max_tokens=5,
+                                          messages=[{"role": "user", "content": "x"}])
     assert raised.value.status_code == 529 and raised.value.body["error"]["type"] == "overloaded_error"
     assert exchanges(proxy)[-1]["status"] == 529
 
@@ -241,3 +245,16 @@ def test_recall_finds_an_anthropic_conversation(proxy, fake_upstream):
                                               {"role": "user", "content": "/recall INV-2024-000871"}],
                                     tools=TOOLS, system=SYSTEM)
     assert "INV-2024-000871" in answer.content[0].text and "toolu_read" in answer.content[0].text
+
+
+def test_an_assistant_prefill_stays_last(make_proxy, fake_upstream):
+    proxy = make_proxy()
+    (proxy.policies_dir / "memory.yaml").write_text("working_memory: {inject: always}\n")
+    fake_upstream.then(Step(blocks=[text('"id": 7}')]))
+    messages = [*history('{"order_id": "ORD-1234", "customer_id": "C-77", "status": "pending"}'),
+                {"role": "assistant", "content": "{"}]
+    proxy.anthropic(policy="memory").messages.create(model=MODEL, max_tokens=20, system=SYSTEM, tools=TOOLS,
+                                                     messages=messages)
+    sent = fake_upstream.messages_requests[0].json()["messages"]
+    assert sent[-1] == {"role": "assistant", "content": "{"}
+    assert "<system-reminder>" in orjson.dumps(sent[-2]).decode()  # working memory, before the prefill
