@@ -131,8 +131,23 @@ class Cache:
         return cached if cached >= CACHE_MIN_TOKENS else 0
 
 
+def neutral(conversation: dict[str, Any]) -> dict[str, Any]:
+    """A conversation in the neutral (chat) shape: an Anthropic Messages request body (a `system` field, or
+    content blocks such as tool_use / tool_result) goes through its codec; a chat one is itself."""
+    messages = conversation.get("messages") or []
+    blocks = {b.get("type") for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list)
+              for b in m["content"] if isinstance(b, dict)}
+    if "system" not in conversation and not blocks & {"tool_use", "tool_result", "thinking"}:
+        return conversation
+    from proxy.wire.messages import decode
+
+    decoded = decode(orjson.dumps(conversation))
+    return {**conversation, "messages": decoded.messages, "tools": decoded.tools}
+
+
 def replay_conversation(conversation: dict[str, Any], policy: LoadedPolicy, tokens: TokenCounter,
                         model_override: str | None = None) -> Totals:
+    conversation = neutral(conversation)
     model = model_override or bare_model(str(conversation.get("model") or "gpt-4o"))
     tools = conversation.get("tools") or None
     store = StateStore()
