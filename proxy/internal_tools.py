@@ -53,10 +53,13 @@ RECALL_SPEC: dict[str, Any] = {
 
 
 def tool_name(spec: Any) -> str | None:
+    """A tool's name: chat nests it under `function`; Anthropic and Responses tools carry it on top."""
     if isinstance(spec, dict):
         function = spec.get("function")
         if isinstance(function, dict) and isinstance(function.get("name"), str):
             return function["name"]
+        if isinstance(spec.get("name"), str):
+            return spec["name"]
     return None
 
 
