@@ -49,6 +49,7 @@ from proxy.upstream import ClientDisconnected, Upstream, response_headers, unles
 from proxy.wire import Decoded, WireFormat
 from proxy.wire.chat import CHAT
 from proxy.wire.messages_format import MESSAGES
+from proxy.wire.responses_format import RESPONSES
 
 log = logging.getLogger("ctxproxy")
 T = TypeVar("T")
@@ -88,6 +89,10 @@ async def messages(request: Request) -> Response:
     return await converse(request, MESSAGES)
 
 
+async def responses(request: Request) -> Response:
+    return await converse(request, RESPONSES)
+
+
 async def converse(request: Request, wire: WireFormat) -> Response:
     """One client request in any wire format: decode, rewrite, forward (answering our tools), archive."""
     started = time.perf_counter()
@@ -97,7 +102,9 @@ async def converse(request: Request, wire: WireFormat) -> Response:
     decoded = await off_loop_if_large(len(raw), wire.decode, raw)
     tenant, session = identify(request.headers, decoded.session_body)  # keyless: a tenant per session
     upstream = state.upstreams[wire.name]
-    if decoded.native_context:  # never both managing one span: the policy says whose it is
+    if decoded.native_state:  # the provider holds the history (previous_response_id): never break a chain
+        policy = policy.leaving_context_to_provider()
+    elif decoded.native_context:  # never both managing one span: the policy says whose it is
         if policy.policy.window.native == "provider":
             policy = policy.leaving_context_to_provider()
         else:
@@ -131,6 +138,8 @@ async def converse(request: Request, wire: WireFormat) -> Response:
     state.metrics.observe_blocks(policy.name, outcome.blocks)
     state.metrics.gate.labels(policy.name, outcome.gate).inc()
     ours = ctxproxy_headers(session, policy, outcome)
+    if decoded.native_state:
+        ours["x-ctxproxy-state"] = "provider"  # history held upstream: recorded, not rewritten
     headers = upstream.request_headers(request.headers, identity=True)
     query = request.url.query.encode()
     rc = rounds_context(state, request, wire, decoded, outcome, context, headers, content)
@@ -328,6 +337,14 @@ def warm_up(tokens: TokenCounter, policies: PolicyStore) -> None:
             break
 
 
+def upstreams(config: Config, transport: httpx.AsyncBaseTransport | None) -> dict[str, Upstream]:
+    """One upstream per provider; chat completions and Responses share OpenAI's."""
+    openai = Upstream(config.upstream, config.upstream_api_key(), transport=transport)
+    anthropic = Upstream(config.upstream, config.upstream_api_key(anthropic=True), transport=transport,
+                         anthropic=True)
+    return {CHAT.name: openai, RESPONSES.name: openai, MESSAGES.name: anthropic}
+
+
 def build_app(config: Config, *, transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
     """Create the ASGI app. `transport` is the test seam for the upstream (as in httpx)."""
     policies = PolicyStore(config.policies_dir)
@@ -344,9 +361,7 @@ def build_app(config: Config, *, transport: httpx.AsyncBaseTransport | None = No
         reader = ArchiveReader(config.data_dir / "archive.db")
         app.state.proxy = ProxyState(
             config=config, policies=policies,
-            upstreams={CHAT.name: Upstream(config.upstream, config.upstream_api_key(), transport=transport),
-                       MESSAGES.name: Upstream(config.upstream, config.upstream_api_key(anthropic=True),
-                                               transport=transport, anthropic=True)},
+            upstreams=upstreams(config, transport),
             archive=archive, tokens=tokens, metrics=Metrics(),
             store=StateStore(persist=archive.submit, lookup=reader, barrier=archive.flush,
                              budget_bytes=config.server.state_cache_bytes), reader=reader,
@@ -356,7 +371,7 @@ def build_app(config: Config, *, transport: httpx.AsyncBaseTransport | None = No
         finally:
             for task in list(app.state.proxy.tasks):
                 task.cancel()
-            for upstream in app.state.proxy.upstreams.values():
+            for upstream in {id(u): u for u in app.state.proxy.upstreams.values()}.values():
                 await upstream.aclose()
             heavy.shutdown()
             archive.close()
@@ -372,6 +387,8 @@ def build_app(config: Config, *, transport: httpx.AsyncBaseTransport | None = No
         Route("/ctxproxy/pins/{pin_id}", admin_pins, methods=["DELETE"]),
         Route("/v1/chat/completions", chat_completions, methods=chat_methods),
         Route("/p/{policy}/v1/chat/completions", chat_completions, methods=chat_methods),
+        Route("/v1/responses", responses, methods=chat_methods),
+        Route("/p/{policy}/v1/responses", responses, methods=chat_methods),
         Route("/v1/messages", messages, methods=chat_methods),
         Route("/p/{policy}/v1/messages", messages, methods=chat_methods),
         Route("/v1/{path:path}", passthrough, methods=any_method),

@@ -47,6 +47,10 @@ def parse_response(record: ExchangeRecord) -> ParsedResponse:
         from proxy.wire.messages_archive import parse_messages_response
 
         return parse_messages_response(record)
+    if record.route == "responses":
+        from proxy.wire.responses_archive import parse_responses_response
+
+        return parse_responses_response(record)
     if record.stream:
         folded = assemble(record.response_chunks)
         parsed = ParsedResponse(usage=folded.usage, response_id=folded.response_id,

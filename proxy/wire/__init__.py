@@ -47,6 +47,7 @@ class Decoded:
     params: dict[str, Any] = field(default_factory=dict)  # archived beside the messages
     native_context: bool = False  # the request asks the provider to manage context (policy window.native)
     take_over_context: Callable[[], None] = lambda: None  # ours manages it: the request's own ask is dropped
+    native_state: bool = False  # the provider holds the history (previous_response_id): nothing to rewrite
 
 
 class WireFormat(Protocol):

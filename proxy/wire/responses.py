@@ -1,0 +1,251 @@
+"""OpenAI Responses requests: decode into the neutral conversation, apply decisions back.
+
+Decoding: `instructions` become the neutral system prompt (never changed). Input items map to neutral
+messages: a message item to a message (developer and system roles to system); each run of the model's
+own items — `reasoning`, assistant `message`, `function_call`, `custom_tool_call` and other `*_call`
+items — to one neutral assistant message (text joined, calls as chat tool calls by `call_id`), so a call
+is never separated from the reasoning before it; each `*_output` item to a neutral tool message. A string
+`input` is one user message. What precedes the latest `compaction` item is the provider's (kept as sent).
+
+Encoding: the pipeline's output beside its aligned originals; items the client sent go back as sent (a
+replaced output gets only its `output` swapped); blocks the pipeline injected become developer message
+items where it put them; the proxy's calls put back (splices) become `function_call` items and their
+results `function_call_output` items. Unknown item types and fields pass untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.wire import Decoded, Message
+from proxy.wire.responses_check import validate_responses_request
+
+INSTRUCTIONS = -1
+USER_SIDE_MESSAGE_ROLES = ("user", "system", "developer")
+
+
+@dataclass(frozen=True)
+class Origin:
+    k: int  # the first item's index (INSTRUCTIONS for the instructions)
+    items: tuple[int, ...]
+    registered: tuple[dict[str, Any], ...] = ()  # items an internal round added (not in the body)
+
+
+def is_model_item(item: dict[str, Any]) -> bool:
+    """An item the model produced: reasoning, its messages, its calls (function, custom, server-side)."""
+    kind = item.get("type") or "message"
+    if kind == "message":
+        return item.get("role") == "assistant"
+    return kind == "reasoning" or (kind.endswith("_call") and not kind.endswith("_output"))
+
+
+def text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    return "\n".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+
+
+def neutral_call(item: dict[str, Any]) -> dict[str, Any] | None:
+    kind = item.get("type")
+    if kind == "function_call":
+        name, arguments = item.get("name"), item.get("arguments") or "{}"
+    elif kind == "custom_tool_call":
+        name, arguments = item.get("name"), orjson.dumps({"input": item.get("input", "")}).decode()
+    elif kind == "local_shell_call":
+        name, arguments = "local_shell", orjson.dumps(item.get("action") or {}).decode()
+    else:
+        return None
+    return {"id": item.get("call_id"), "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def native_call(call: dict[str, Any]) -> dict[str, Any]:
+    function = call.get("function") or {}
+    return {"type": "function_call", "call_id": call.get("id"), "name": function.get("name"),
+            "arguments": function.get("arguments") or "{}"}
+
+
+def native_tool(spec: dict[str, Any]) -> dict[str, Any]:
+    function = spec.get("function") or {}
+    return {"type": "function", "name": function.get("name"), "description": function.get("description", ""),
+            "parameters": function.get("parameters") or {"type": "object"}}
+
+
+def developer(text: str) -> dict[str, Any]:
+    return {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": text}]}
+
+
+def decode(raw: bytes) -> Decoded:
+    body = validate_responses_request(raw)
+    encoder = Encoder(body, raw)
+    metadata: dict[str, Any] = body["metadata"] if isinstance(body.get("metadata"), dict) else {}
+    if "session_id" not in metadata and isinstance(body.get("prompt_cache_key"), str):
+        metadata = {**metadata, "session_id": body["prompt_cache_key"]}  # Codex: one per conversation
+    chained = bool(body.get("previous_response_id") or body.get("conversation"))
+    return Decoded(body=body, model=str(body.get("model") or ""), stream=body.get("stream") is True,
+                   messages=encoder.neutral, tools=body.get("tools"),
+                   session_body={"metadata": metadata, "messages": encoder.neutral,
+                                 "user": body.get("user") or body.get("safety_identifier")},
+                   encode=encoder.encode, register=encoder.register,
+                   params={k: v for k, v in body.items() if k not in ("input", "instructions")},
+                   native_state=chained)
+
+
+class Encoder:
+    def __init__(self, body: dict[str, Any], raw: bytes) -> None:
+        self.body, self.raw = body, raw
+        source = body.get("input")
+        self.items: list[dict[str, Any]] = [{"role": "user", "content": source}] if isinstance(source, str) \
+            else list(source or [])
+        self.start = max((k for k, item in enumerate(self.items) if item.get("type") == "compaction"),
+                         default=0)
+        self.origins: dict[int, Origin] = {}
+        self.keep: list[Message] = []
+        self.call_owner: dict[str, Origin] = {}
+        self.neutral = self._decode()
+
+    def _note(self, neutral: Message, origin: Origin) -> Message:
+        self.origins[id(neutral)] = origin
+        self.keep.append(neutral)
+        return neutral
+
+    def _decode(self) -> list[Message]:
+        out: list[Message] = []
+        if isinstance(self.body.get("instructions"), str) and self.body["instructions"]:
+            out.append(self._note({"role": "system", "content": self.body["instructions"]},
+                                  Origin(INSTRUCTIONS, ())))
+        run: list[int] = []
+        for k in range(self.start, len(self.items)):
+            item = self.items[k]
+            if is_model_item(item):
+                run.append(k)
+                continue
+            if run:
+                out.append(self._assistant(run))
+                run = []
+            out.append(self._other(k, item))
+        if run:
+            out.append(self._assistant(run))
+        return out
+
+    def _assistant(self, indexes: list[int]) -> Message:
+        items = [self.items[k] for k in indexes]
+        calls = [c for c in (neutral_call(i) for i in items) if c is not None]
+        parts = [{"type": "reasoning", "thinking": text_of(i.get("summary"))} for i in items
+                 if i.get("type") == "reasoning"]  # counted, never rewritten
+        text = "\n".join(text_of(i.get("content")) for i in items
+                         if (i.get("type") or "message") == "message")
+        content: Any = text or None
+        if parts:
+            content = [*([{"type": "text", "text": text}] if text else []), *parts]
+        message: Message = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = calls
+        origin = Origin(indexes[0], tuple(indexes))
+        for call in calls:
+            self.call_owner[str(call["id"])] = origin
+        return self._note(message, origin)
+
+    def _other(self, k: int, item: dict[str, Any]) -> Message:
+        kind = item.get("type") or "message"
+        origin = Origin(k, (k,))
+        if kind == "compaction":  # the provider's summary of what precedes: protected like the system
+            return self._note({"role": "system", "content": "(compacted earlier conversation)"}, origin)
+        if kind.endswith("_output") and "call_id" in item:
+            neutral = {"role": "tool", "tool_call_id": str(item["call_id"]), "content": output_content(item)}
+            return self._note(neutral, origin)
+        if kind == "message":
+            role = "user" if item.get("role") == "user" else "system"
+            return self._note({"role": role, "content": message_content(item.get("content"))}, origin)
+        # item_reference, approvals...: counted, kept as sent
+        return self._note({"role": "user", "content": [as_text(item)]}, origin)
+
+    def register(self, neutral: Message, native: Any) -> None:
+        """An internal round's answer: its output items go upstream in the next round."""
+        items = tuple(i for i in native if isinstance(i, dict))
+        self._note(neutral, Origin(len(self.items) + len(self.keep), (), items))
+
+    def encode(self, forwarded: list[Message], original: list[Message], tools: list[Any] | None) -> bytes:
+        if self.raw and forwarded is self.neutral and tools is self.body.get("tools"):
+            return self.raw
+        items: list[dict[str, Any]] = list(self.items[:self.start])
+        for sent, client in zip(forwarded, original, strict=True):
+            origin = self.origins.get(id(client))
+            if origin is not None and origin.k == INSTRUCTIONS:
+                continue
+            if origin is None:
+                items.extend(self._made(sent, client))
+            elif origin.registered:
+                items.extend(origin.registered)
+            else:
+                natives = [self.items[k] for k in origin.items]
+                if sent is not client and isinstance(sent.get("content"), str) \
+                        and sent.get("content") != client.get("content"):
+                    key = "output" if client.get("role") == "tool" else "content"
+                    natives = [{**natives[0], key: sent["content"]}]
+                items.extend(natives)
+        out = dict(self.body)
+        out["input"] = drop_dangling_reasoning(items)
+        if tools is not None and tools is not self.body.get("tools"):
+            client_tools = list(self.body.get("tools") or [])
+            out["tools"] = [*client_tools, *(native_tool(t) for t in tools[len(client_tools):])]
+        return orjson.dumps(out)
+
+    def _made(self, sent: Message, client: Message) -> list[dict[str, Any]]:
+        """Items for a neutral message the pipeline made: an injected block, a turn with our calls put
+        back (the client's items, then ours: the same bytes on every request), their results."""
+        role = client.get("role")
+        if role == "tool":
+            return [{"type": "function_call_output", "call_id": sent.get("tool_call_id"),
+                     "output": str(sent.get("content") or "")}]
+        if role != "assistant":
+            return [developer(str(sent.get("content") or ""))]
+        calls = sent.get("tool_calls") or []
+        owner = next((self.call_owner[c.get("id")] for c in calls if c.get("id") in self.call_owner), None)
+        if owner is None:
+            return [native_call(c) for c in calls]
+        natives = list(owner.registered) or [self.items[k] for k in owner.items]
+        known = {i.get("call_id") for i in natives}
+        return [*natives, *(native_call(c) for c in calls if c.get("id") not in known)]
+
+
+def as_text(value: Any) -> dict[str, Any]:
+    return {"type": "text", "text": orjson.dumps(value).decode()}
+
+
+def output_content(item: dict[str, Any]) -> Any:
+    """A call's output: a string when it is text (layer 1 may summarize it), else parts to count."""
+    output = item.get("output")
+    if isinstance(output, str):
+        return output
+    if isinstance(output, list) and all(isinstance(p, dict) and isinstance(p.get("text"), str)
+                                        for p in output):
+        return text_of(output)
+    return [as_text(output)]
+
+
+def message_content(content: Any) -> Any:
+    if isinstance(content, str):
+        return content
+    parts = [p for p in content or [] if isinstance(p, dict)]
+    if len(parts) == 1 and isinstance(parts[0].get("text"), str):
+        return parts[0]["text"]
+    return [{"type": "image"} if "image" in str(p.get("type"))
+            else {"type": "text", "text": p.get("text", "")} for p in parts]
+
+
+def drop_dangling_reasoning(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The API rejects a reasoning item without the item it led to; one can be left so only by taking the
+    proxy's own calls out of a turn. Such a reasoning item goes (it reasoned about our call)."""
+    out = []
+    for index, item in enumerate(items):
+        if item.get("type") == "reasoning":
+            following = items[index + 1] if index + 1 < len(items) else None
+            if following is None or not is_model_item(following):
+                continue
+        out.append(item)
+    return out
