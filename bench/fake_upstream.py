@@ -2,7 +2,9 @@
 
 Run: `python bench/fake_upstream.py [--port 0]`. It binds 127.0.0.1, prints `PORT <n>` on stdout once
 listening, and answers POST /v1/chat/completions with a fixed completion, or with a 20-chunk SSE
-stream ending in `data: [DONE]` when the body asks for `"stream": true`. Bodies are read, never parsed.
+stream ending in `data: [DONE]` when the body asks for `"stream": true`; POST /v1/messages the same in
+Anthropic's shape (a fixed message, or a stream of 20 content deltas ending in `message_stop`). Bodies
+are read, never parsed.
 """
 
 from __future__ import annotations
@@ -47,7 +49,33 @@ SSE_EVENTS: list[bytes] = (
     + [_chunk({}, finish="stop", usage=_USAGE), b"data: [DONE]\n\n"]
 )
 
+_ANTHROPIC_USAGE = {"input_tokens": 11, "output_tokens": 18}
+MESSAGE = orjson.dumps({
+    "id": "msg_bench", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5",
+    "content": [{"type": "text", "text": "Hello from the fake upstream."}],
+    "stop_reason": "end_turn", "stop_sequence": None, "usage": _ANTHROPIC_USAGE,
+})
+
+
+def _event(kind: str, data: dict[str, Any]) -> bytes:
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **data}) + b"\n\n"
+
+
+# The same 20 content pieces in Anthropic's events: start, block start, 18 deltas, block stop, delta, stop.
+MESSAGE_EVENTS: list[bytes] = (
+    [_event("message_start", {"message": {**orjson.loads(MESSAGE), "content": [], "stop_reason": None,
+                                          "usage": {"input_tokens": 11, "output_tokens": 1}}}),
+     _event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})]
+    + [_event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": f"tok{i} "}})
+       for i in range(STREAM_CHUNKS - 2)]
+    + [_event("content_block_stop", {"index": 0}),
+       _event("message_delta", {"delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                                "usage": {"output_tokens": 18}}),
+       _event("message_stop", {})]
+)
+
 JSON_HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(COMPLETION)).encode())]
+MESSAGE_HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(MESSAGE)).encode())]
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 NOT_FOUND = b'{"error":{"message":"not found","type":"invalid_request_error"}}'
 
@@ -87,7 +115,8 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await _send_simple(send, 200, b'{"object":"list","data":[{"id":"gpt-4o","object":"model"}]}',
                            [(b"content-type", b"application/json")])
         return
-    if scope["method"] != "POST" or not path.endswith("/chat/completions"):
+    anthropic = path.endswith("/v1/messages")
+    if scope["method"] != "POST" or not (anthropic or path.endswith("/chat/completions")):
         await _send_simple(send, 404, NOT_FOUND, [(b"content-type", b"application/json")])
         return
     mode = dict(scope["headers"]).get(b"x-fake-mode", b"")
@@ -95,10 +124,11 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await _fault(mode, dict(scope["headers"]), send)
         return
     if not _STREAM_TRUE.search(body):
-        await _send_simple(send, 200, COMPLETION, JSON_HEADERS)
+        answer, headers = (MESSAGE, MESSAGE_HEADERS) if anthropic else (COMPLETION, JSON_HEADERS)
+        await _send_simple(send, 200, answer, headers)
         return
     await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-    for event in SSE_EVENTS:  # one ASGI message (so one HTTP chunk) per SSE event
+    for event in MESSAGE_EVENTS if anthropic else SSE_EVENTS:  # one ASGI message (one HTTP chunk) an event
         await send({"type": "http.response.body", "body": event, "more_body": True})
     await send({"type": "http.response.body", "body": b""})
 

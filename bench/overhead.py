@@ -1,7 +1,10 @@
 """How much latency ctxproxy adds over calling the upstream directly, compared with LiteLLM's proxy.
 
 Run: `python bench/overhead.py [--quick] [--json] [--no-litellm]` with the project's venv python.
-Everything runs on 127.0.0.1: a fake upstream, ctxproxy and LiteLLM each in their own process.
+Everything runs on 127.0.0.1: a fake upstream (OpenAI- and Anthropic-shaped), ctxproxy and LiteLLM each
+in their own process. The `*_by_route` scenarios send the same small request through ctxproxy's chat
+route and its Anthropic Messages route (each against the fake upstream's own route, called directly),
+interleaved in one loop, so the two routes' added latency compare (goal: messages within 0.3 ms of chat).
 """
 
 from __future__ import annotations
@@ -29,12 +32,17 @@ from report import print_report
 from services import Service, ServiceError, start_ctxproxy, start_fake, start_litellm
 
 CHAT = "/v1/chat/completions"
+MESSAGES = "/v1/messages"
+ANTHROPIC_VERSION = "2023-06-01"
 
 
 @dataclass
 class Target:
     name: str
     url: str
+    body: bytes | None = None  # this target's own request (another wire format); None: the scenario's
+    headers: dict[str, str] | None = None  # added to the client's
+    base: str | None = None  # the direct target `added` is measured against; None: the first target
 
 
 @dataclass
@@ -73,18 +81,19 @@ def percentile(values: list[float], pct: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-def one_request(client: httpx.Client, url: str, body: bytes, stream: bool) -> float:
+def one_request(client: httpx.Client, url: str, body: bytes, stream: bool,
+                headers: dict[str, str] | None = None) -> float:
     """Seconds to the last byte of the response; raises on a wrong status or a cut stream."""
     started = time.perf_counter()
-    with client.stream("POST", url, content=body) as response:
+    with client.stream("POST", url, content=body, headers=headers) as response:
         tail = b""
         for chunk in response.iter_raw():
             tail = (tail + chunk)[-64:]
         elapsed = time.perf_counter() - started
     if response.status_code != 200:
         raise RuntimeError(f"{url}: HTTP {response.status_code}")
-    if stream and b"[DONE]" not in tail:
-        raise RuntimeError(f"{url}: stream did not end with [DONE]")
+    if stream and b"[DONE]" not in tail and b"message_stop" not in tail:
+        raise RuntimeError(f"{url}: stream did not end with [DONE] or message_stop")
     return elapsed
 
 
@@ -94,7 +103,7 @@ def measure_latency(client: httpx.Client, targets: list[Target], scenario: str, 
     rng = random.Random(scenario)
     for target in targets:  # warm-up also checks every target answers correctly
         for _ in range(warmup):
-            one_request(client, target.url, body, stream)
+            one_request(client, target.url, target.body or body, stream, target.headers)
     samples: dict[str, list[float]] = {t.name: [] for t in targets}
     errors = dict.fromkeys(samples, 0)
     order = list(targets)
@@ -102,15 +111,16 @@ def measure_latency(client: httpx.Client, targets: list[Target], scenario: str, 
         rng.shuffle(order)  # so drift and any target's background work touch all of them alike
         for target in order:
             try:
-                samples[target.name].append(one_request(client, target.url, body, stream) * 1000)
+                samples[target.name].append(
+                    one_request(client, target.url, target.body or body, stream, target.headers) * 1000)
             except (httpx.HTTPError, RuntimeError):
                 errors[target.name] += 1
-    base = samples[targets[0].name]
     rows = []
     for target in targets:
         got = samples[target.name]
+        base = samples[target.base or targets[0].name]
         p50, p99 = percentile(got, 50), percentile(got, 99)
-        direct = target is targets[0]
+        direct = target.name == (target.base or targets[0].name)
         rows.append(LatencyRow(scenario, target.name, len(got), p50, p99,
                                None if direct else p50 - percentile(base, 50),
                                None if direct else p99 - percentile(base, 99), errors[target.name]))
@@ -170,26 +180,67 @@ def archive_summary(service: Service) -> dict[str, Any]:
             "by_policy_stream_status": [list(row) for row in by]}
 
 
-def ctxproxy_self_report(client: httpx.Client, base: str) -> float | None:
-    """Mean of ctxproxy's own `ctxproxy_added_seconds` histogram (non-stream: total minus upstream)."""
+def ctxproxy_self_report(client: httpx.Client, base: str) -> tuple[float | None, dict[str, float]]:
+    """Mean of ctxproxy's own `ctxproxy_added_seconds` histogram (non-stream: total minus upstream), over
+    all its requests and by route."""
     text = client.get(base + "/metrics").text
-    values: dict[str, float] = {}
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
     for line in text.splitlines():
-        for name in ("ctxproxy_added_seconds_sum", "ctxproxy_added_seconds_count"):
+        for name, into in (("ctxproxy_added_seconds_sum", sums), ("ctxproxy_added_seconds_count", counts)):
             if line.startswith(name + "{"):
-                values[name] = float(line.rsplit(" ", 1)[1])
-    count = values.get("ctxproxy_added_seconds_count")
-    return values["ctxproxy_added_seconds_sum"] / count * 1000 if count else None
+                labels, value = line.rsplit(" ", 1)
+                route = labels.partition('route="')[2].partition('"')[0]
+                into[route] = into.get(route, 0.0) + float(value)
+    by_route = {r: sums.get(r, 0.0) / n * 1000 for r, n in counts.items() if n}
+    total = sum(counts.values())
+    return (sum(sums.values()) / total * 1000 if total else None), by_route
+
+
+def route_targets(fake: Service, ctx: Service, key: str) -> list[Target]:
+    """Direct and through ctxproxy, for each route; the messages targets send the same request in
+    Anthropic's shape with its headers."""
+    small = [{"role": "user", "content": "Say hello in five words."}]
+    anthropic = {"x-api-key": key, "anthropic-version": ANTHROPIC_VERSION}
+    return [Target("direct chat", fake.base + CHAT),
+            Target("ctxproxy chat", ctx.base + CHAT, base="direct chat"),
+            Target("direct messages", fake.base + MESSAGES, messages_body(small), anthropic,
+                   base="direct messages"),
+            Target("ctxproxy messages", ctx.base + MESSAGES, messages_body(small), anthropic,
+                   base="direct messages")]
+
+
+def messages_body(messages: list[dict[str, Any]], *, stream: bool = False) -> bytes:
+    body: dict[str, Any] = {"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": messages}
+    if stream:
+        body["stream"] = True
+    return orjson.dumps(body)
+
+
+def route_gap(rows: list[LatencyRow]) -> dict[str, dict[str, float | None]]:
+    """Per route scenario: the messages route's added latency minus the chat route's (p50, p99)."""
+    gaps: dict[str, dict[str, float | None]] = {}
+    for scenario in dict.fromkeys(r.scenario for r in rows if r.scenario.endswith("_by_route")):
+        by = {r.target: r for r in rows if r.scenario == scenario}
+        chat, messages = by["ctxproxy chat"], by["ctxproxy messages"]
+        gaps[scenario] = {
+            "p50_ms": None if chat.added_p50_ms is None or messages.added_p50_ms is None
+            else messages.added_p50_ms - chat.added_p50_ms,
+            "p99_ms": None if chat.added_p99_ms is None or messages.added_p99_ms is None
+            else messages.added_p99_ms - chat.added_p99_ms}
+    return gaps
 
 
 # ----------------------------------------------------------------------------------------- main
 
 def run(args: argparse.Namespace, workdir: Path, started: list[Service]) -> dict[str, Any]:
     quick = args.quick
-    iters = {"small": 40, "stream": 30, "history_500KB": 8} if quick else {
-        "small": 300, "stream": 200, "history_500KB": 50}
-    warm = {"small": 10, "stream": 5, "history_500KB": 2} if quick else {
-        "small": 30, "stream": 20, "history_500KB": 5}
+    iters = {"small": 40, "stream": 30, "history_500KB": 8, "small_by_route": 100,
+             "stream_by_route": 60} if quick else {
+        "small": 300, "stream": 200, "history_500KB": 50, "small_by_route": 1000, "stream_by_route": 400}
+    warm = {"small": 10, "stream": 5, "history_500KB": 2, "small_by_route": 10, "stream_by_route": 5} \
+        if quick else {"small": 30, "stream": 20, "history_500KB": 5, "small_by_route": 50,
+                       "stream_by_route": 20}
     total = args.requests or (300 if quick else 2000)
 
     fake = start_fake(workdir)
@@ -227,6 +278,17 @@ def run(args: argparse.Namespace, workdir: Path, started: list[Service]) -> dict
             latency += measure_latency(client, targets, scenario, body, stream, iters[scenario],
                                        warm[scenario])
         sent = sum((iters[s] + warm[s]) * ctx_targets for s in payloads)
+        routes = route_targets(fake, ctx, key)
+        small = [{"role": "user", "content": "Say hello in five words."}]
+        by_route = (("small_by_route", False), ("stream_by_route", True)) if ctx.extra.get("messages") else ()
+        for scenario, stream in by_route:  # (a --src snapshot without the Messages route: none)
+            if stream:
+                routes = [Target(t.name, t.url, t.body and messages_body(small, stream=True), t.headers,
+                                 t.base) for t in routes]
+            print(f"... {scenario}: {iters[scenario]} iterations x {len(routes)} targets", file=sys.stderr)
+            latency += measure_latency(client, routes, scenario, chat_body(small, stream=stream), stream,
+                                       iters[scenario], warm[scenario])
+            sent += (iters[scenario] + warm[scenario]) * 2
         throughput: list[ThroughputRow] = []
         for target in [t for t in targets if t.name != "ctxproxy passthrough"]:
             print(f"... throughput: {target.name}", file=sys.stderr)
@@ -234,13 +296,15 @@ def run(args: argparse.Namespace, workdir: Path, started: list[Service]) -> dict
                                           args.time_limit))
             sent += (row.requests + args.concurrency) if target.name.startswith("ctxproxy") else 0
             throughput.append(row)
-        added_mean = ctxproxy_self_report(client, ctx.base)
+        added_mean, added_by_route = ctxproxy_self_report(client, ctx.base)
     return {
         "mode": "quick" if quick else "full", "ctxproxy_src": str(args.src or "installed package"),
         "python": platform.python_version(), "cpus": _cpus(),
         "concurrency": args.concurrency, "latency": [asdict(r) for r in latency],
         "throughput": [asdict(r) for r in throughput], "big_bytes": len(payloads["history_500KB"][0]),
-        "big_messages": len(history), "ctxproxy_added_mean_ms": added_mean, "ctxproxy_requests": sent,
+        "big_messages": len(history), "ctxproxy_added_mean_ms": added_mean,
+        "ctxproxy_added_mean_ms_by_route": added_by_route, "route_gap": route_gap(latency),
+        "ctxproxy_requests": sent,
         "archive": archive_summary(ctx), "litellm": litellm_status,
     }
 

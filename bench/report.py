@@ -39,8 +39,13 @@ def print_report(result: dict[str, Any]) -> None:
                   sig3(r["p99_ms"]), str(r["errors"])] for r in result["throughput"]]))
     print(f"\nhistory payload: {result['big_bytes']} bytes, {result['big_messages']} messages")
     mean = sig3(result["ctxproxy_added_mean_ms"])
+    by_route = ", ".join(f"{route} {sig3(ms)} ms"
+                         for route, ms in sorted(result.get("ctxproxy_added_mean_ms_by_route", {}).items()))
     print(f"ctxproxy's own ctxproxy_added_seconds metric (handler time outside the upstream call), "
-          f"mean over all its requests: {mean} ms")
+          f"mean over all its requests: {mean} ms" + (f" (by route: {by_route})" if by_route else ""))
+    for scenario, gap in result.get("route_gap", {}).items():
+        print(f"{scenario}: the messages route adds {sig3(gap['p50_ms'])} ms at p50 and "
+              f"{sig3(gap['p99_ms'])} ms at p99 more than the chat route (goal: within 0.3 ms)")
     archive = result["archive"]
     match = "all recorded" if archive.get("exchanges") == result["ctxproxy_requests"] else "MISMATCH"
     print(f"ctxproxy archive after SIGINT (exit {archive.get('exit_code')}): "

@@ -1,13 +1,18 @@
 """Retention benchmark: what each context strategy keeps of what the agent needs, and what it costs.
 
 Run: python bench/retention.py [--traces DIR] [--files GLOB] [--windows real,32000,16000]
-                               [--policies default,...] [--limit N] [--quick] [--mask-turns 10] [--json]
+                               [--policies default,...] [--limit N] [--quick] [--mask-turns 10]
+                               [--format chat|messages|both] [--json]
 
 Every trace conversation (../shared/traces, read in place) is replayed at each window through every
 strategy, in the same run on the same conversations:
 
 - `ctxproxy:<policy>`: the pipeline with a shipped policy; at "real" the policy's own budget, at 32000 and
   16000 `budget.max_input_tokens` set to that window (as bench/replay.py does);
+- `ctxproxy:<policy>/messages` (`--format messages|both`): the same, every request sent as an Anthropic
+  Messages request (bench/to_messages.py) through the Messages codec (bench/messages_run.py); figures on
+  the neutral conversation the pipeline produced, ratios against the decoded request; `codec` = encoded
+  bodies the Messages API would reject (must be 0);
 - `passthrough`: the raw prefix;
 - `truncation`: naive truncation to the budget ctxproxy's window layer uses (`window.max_tokens`, else
   `window.max_pct` x window, of the default policy; tokens of messages and tools): the oldest messages after
@@ -72,6 +77,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import orjson
 
+from bench.messages_run import SUFFIX, MessagesProxy
 from bench.replay import REAL_WINDOW_OVERRIDES, with_window
 from bench.retention_archive import archive_template, use_template
 from bench.retention_metrics import MASK_KEEP_TURNS
@@ -120,12 +126,13 @@ def setting_for(path: Path, window: str, conversation: dict[str, Any], default: 
                     path.name.startswith(TAU_STYLE)), size, model)
 
 
-Job = tuple[str, str, int, int, list[str], int, str]
+Job = tuple[str, str, int, int, list[str], int, str, str]
+FORMATS = {"chat": (Proxy,), "messages": (MessagesProxy,), "both": (Proxy, MessagesProxy)}
 
 
 def run_job(job: Job) -> tuple[str, str, dict[str, Any], float]:
     """One slice of one file at one window; returns the tallies by strategy (as dicts) and seconds."""
-    file, window, start, stop, policy_names, mask_turns, template = job
+    file, window, start, stop, policy_names, mask_turns, template, fmt = job
     started = time.perf_counter()
     logging.getLogger("ctxproxy").setLevel(logging.ERROR)  # budget warnings would flood stderr
     use_template(Path(template))
@@ -148,8 +155,8 @@ def run_job(job: Job) -> tuple[str, str, dict[str, Any], float]:
                 return tokens().request(messages, tools, model)
 
             strategies: list[Strategy] = [
-                Proxy(with_window(policy, size) if size else policy, conversation, setting, tokens())
-                for policy in loaded]
+                kind(with_window(policy, size) if size else policy, conversation, setting, tokens())
+                for policy in loaded for kind in FORMATS[fmt]]
             strategies += [Passthrough(tools, count), Truncation(tools, count, setting.truncation_budget),
                            Masking(tools, count, mask_turns, setting.user_observations)]
             for name, tally in run_conversation(conversation, strategies, setting, tokens()).items():
@@ -158,7 +165,7 @@ def run_job(job: Job) -> tuple[str, str, dict[str, Any], float]:
 
 
 def jobs(files: list[Path], windows: list[str], limit: int | None, policies: list[str],
-         mask_turns: int, template: Path) -> list[Job]:
+         mask_turns: int, template: Path, fmt: str = "chat") -> list[Job]:
     found = []
     for path in files:
         with path.open("rb") as lines:
@@ -167,22 +174,22 @@ def jobs(files: list[Path], windows: list[str], limit: int | None, policies: lis
         for window in windows:
             for start in range(0, count, CHUNK):
                 found.append((str(path), window, start, min(start + CHUNK, count), policies, mask_turns,
-                              str(template)))
+                              str(template), fmt))
     # The biggest files first, so the pool does not end on one long job.
     return sorted(found, key=lambda j: -Path(j[0]).stat().st_size * (j[3] - j[2]))
 
 
 def run(files: list[Path], windows: list[str], policies: list[str], limit: int | None, mask_turns: int,
-        workers: int) -> dict[str, Any]:
+        workers: int, fmt: str = "chat") -> dict[str, Any]:
     merged: dict[str, dict[str, dict[str, Tally]]] = {w: {} for w in windows}
     seconds: dict[str, float] = {}
-    todo = jobs(files, windows, limit, policies, mask_turns, archive_template())
+    todo = jobs(files, windows, limit, policies, mask_turns, archive_template(), fmt)
     with ProcessPoolExecutor(max_workers=workers) as pool:
         for name, window, tallies, elapsed in pool.map(run_job, todo):
             seconds[name] = seconds.get(name, 0.0) + elapsed
             for strategy, data in tallies.items():
                 merged[window].setdefault(name, {}).setdefault(strategy, Tally()).add(Tally.from_dict(data))
-    order = [f"ctxproxy:{p}" for p in policies] + list(BASELINES)
+    order = [f"ctxproxy:{p}{s}" for p in policies for s in ("", SUFFIX)] + list(BASELINES)
     result: dict[str, Any] = {"windows": {},
                               "cpu_seconds_by_file": {k: round(v, 1) for k, v in seconds.items()}}
     for window, by_file in merged.items():
@@ -205,6 +212,7 @@ COLUMNS = [("conv", "conversations"), ("req", "requests"), ("tokens", "token_rat
            ("replaced", "replaced"),
            ("read_back", "read_back"), ("wm", "working_memory"), ("over", "over_budget"),
            ("refused", "refused"), ("pairing", "pairing_errors"), ("errors", "errors")]
+CODEC_COLUMN = ("codec", "codec_violations")  # shown when a strategy ran in another wire format
 
 
 def _cell(row: dict[str, Any], key: str) -> str:
@@ -219,17 +227,23 @@ def _cell(row: dict[str, Any], key: str) -> str:
 def format_tables(result: dict[str, Any]) -> str:
     out = []
     for window, data in result["windows"].items():
+        codec = any("codec_violations" in row for row in data["overall"].values())
+        columns = [*COLUMNS, CODEC_COLUMN] if codec else COLUMNS
         out.append(f"\n### window {window}\n")
-        out.append("| file | strategy | " + " | ".join(c for c, _ in COLUMNS) + " |")
-        out.append("|---|---|" + "---:|" * len(COLUMNS))
+        out.append("| file | strategy | " + " | ".join(c for c, _ in columns) + " |")
+        out.append("|---|---|" + "---:|" * len(columns))
         rows = [(name.removesuffix(".jsonl"), by) for name, by in data["files"].items()]
         for name, by_strategy in [*rows, ("**overall**", data["overall"])]:
             for strategy, row in by_strategy.items():
-                out.append(f"| {name} | {strategy} | " + " | ".join(_cell(row, k) for _, k in COLUMNS) + " |")
+                out.append(f"| {name} | {strategy} | " + " | ".join(_cell(row, k) for _, k in columns) + " |")
         errors = [f"{strategy}: {sample}" for strategy, row in data["overall"].items()
                   for sample in row["error_samples"]]
         if errors:
             out.append("\nerrors: " + "; ".join(errors))
+        broken = [f"{strategy}: {sample}" for strategy, row in data["overall"].items()
+                  for sample in row.get("violation_samples") or ()]
+        if broken:
+            out.append("\ncodec violations: " + "; ".join(broken))
     return "\n".join(out)
 
 
@@ -244,6 +258,8 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"the first {QUICK_LIMIT} conversations per file")
     parser.add_argument("--mask-turns", type=int, default=MASK_KEEP_TURNS)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--format", choices=tuple(FORMATS), default="chat",
+                        help="wire format of ctxproxy's requests (both: chat and messages side by side)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     policies = args.policies.split(",") if args.policies else PolicyStore(ROOT / "policies").names()
@@ -252,7 +268,7 @@ def main(argv: list[str] | None = None) -> None:
     if not files:
         parser.error(f"no trace files match {args.files!r} in {args.traces}")
     started = time.perf_counter()
-    result = run(files, args.windows.split(","), policies, limit, args.mask_turns, args.workers)
+    result = run(files, args.windows.split(","), policies, limit, args.mask_turns, args.workers, args.format)
     result["elapsed_s"] = round(time.perf_counter() - started, 1)
     if args.json:
         print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())

@@ -50,7 +50,7 @@ _SUMS = ("conversations", "requests", "raw_tokens", "forwarded_tokens", "forward
          "forwarded_cost", "raw_cost_w", "forwarded_cost_w", "over_budget", "refused", "pairing_errors",
          "task_requests", "task_kept", "needles", "needles_in_prompt", "needles_reachable", "replaced",
          "recovered", "critical_total", "critical_kept", "numbers_total", "numbers_kept", "wm_conversations",
-         "wm_nonempty", "wm_in_prompt", "errors", "recalls", "reads")
+         "wm_nonempty", "wm_in_prompt", "errors", "recalls", "reads", "codec_checked", "codec_violations")
 
 
 @dataclass
@@ -86,12 +86,15 @@ class Tally:
     errors: int = 0
     recalls: int = 0  # recall calls made to test reachability
     reads: int = 0  # read_tool_result calls made to test reachability
+    codec_checked: int = 0  # requests encoded in another wire format and checked (bench/messages_run.py)
+    codec_violations: int = 0  # of those, bodies the format's API would reject
     kinds: Counter[str] = field(default_factory=Counter)
     by_kind: dict[str, list[int]] = field(default_factory=lambda: {"ids": [0, 0], "paths": [0, 0],
                                                                   "error_lines": [0, 0]})
     # replacement kind -> [critical total, kept, numbers total, numbers kept]
     kept_by_replacement: dict[str, list[int]] = field(default_factory=dict)
     error_samples: list[str] = field(default_factory=list)
+    violation_samples: list[str] = field(default_factory=list)
 
     def add(self, other: Tally) -> None:
         for name in _SUMS:
@@ -104,6 +107,7 @@ class Tally:
             mine = self.kept_by_replacement.setdefault(kind, [0, 0, 0, 0])
             mine[:] = [a + b for a, b in zip(mine, counts, strict=True)]
         self.error_samples = (self.error_samples + other.error_samples)[:ERROR_SAMPLES]
+        self.violation_samples = (self.violation_samples + other.violation_samples)[:ERROR_SAMPLES]
 
     def count_kept(self, kept: Kept, kind: str) -> None:
         counts = self.kept_by_replacement.setdefault(kind, [0, 0, 0, 0])
@@ -122,8 +126,9 @@ class Tally:
             return round(a / b, 4) if b else None
 
         summaries = self.kept_by_replacement.get("summary", [0, 0, 0, 0])
-
-        return {
+        codec = {"codec_checked": self.codec_checked, "codec_violations": self.codec_violations,
+                 "violation_samples": self.violation_samples} if self.codec_checked else {}
+        return codec | {
             "conversations": self.conversations, "requests": self.requests,
             "token_ratio": ratio(self.forwarded_tokens, self.raw_tokens),
             "prefix_reuse": ratio(self.forwarded_cached, self.forwarded_tokens),
@@ -167,6 +172,10 @@ class Sent:
     messages: list[dict[str, Any]]
     tools: list[Any] | None
     tokens: int
+    # What the client sent, when it is not the chat prefix (another wire format, decoded): its neutral
+    # messages and (tokens, cached tokens); ratios and pairing are then taken against it.
+    client: list[dict[str, Any]] | None = None
+    raw: tuple[int, int] | None = None
 
 
 @dataclass
@@ -376,15 +385,17 @@ def _run_strategy(strategy: Strategy, messages: list[dict[str, Any]], points: li
             continue
         tally.requests += 1
         cached = cache.cached(sent.messages, sent.tools)
-        tally.raw_tokens += raw[number]
+        raw_tokens, raw_hit = sent.raw or (raw[number], raw_cached[number])
+        tally.raw_tokens += raw_tokens
         tally.forwarded_tokens += sent.tokens
         tally.forwarded_cached += cached
-        tally.raw_cost += raw_cached[number] * CACHED_PRICE + raw[number] - raw_cached[number]
+        tally.raw_cost += raw_hit * CACHED_PRICE + raw_tokens - raw_hit
         tally.forwarded_cost += cached * CACHED_PRICE + sent.tokens - cached
-        tally.raw_cost_w += cost_w(raw[number], raw_cached[number])
+        tally.raw_cost_w += cost_w(raw_tokens, raw_hit)
         tally.forwarded_cost_w += cost_w(sent.tokens, cached)
         tally.over_budget += sent.tokens > setting.window
-        tally.pairing_errors += pairing_errors(sent.messages) != pairing_errors(prefix)
+        tally.pairing_errors += pairing_errors(sent.messages) != pairing_errors(
+            prefix if sent.client is None else sent.client)
         if task is not None and task < index and task_text is not None:
             tally.task_requests += 1
             tally.task_kept += any(m is messages[task] or task_text in text_of(m) for m in sent.messages)

@@ -130,9 +130,11 @@ def start_ctxproxy(workdir: Path, upstream: str, src: Path | None = None) -> Ser
     (policies / "passthrough.yaml").write_text(yaml.safe_dump(PASSTHROUGH_POLICY))
     data_dir = workdir / "ctxproxy-data"
     config = workdir / "ctxproxy.yaml"
+    # The Messages route's upstream, where the proxy has one (a --src snapshot may predate it).
+    messages = "anthropic_base_url" in ((src or REPO) / "proxy" / "config.py").read_text()
     config.write_text(yaml.safe_dump({
         "server": {"log_level": "warning"},
-        "upstream": {"base_url": f"{upstream}/v1"},
+        "upstream": {"base_url": f"{upstream}/v1", **({"anthropic_base_url": upstream} if messages else {})},
         "data_dir": str(data_dir),
         "policies_dir": str(policies),
     }))
@@ -143,7 +145,7 @@ def start_ctxproxy(workdir: Path, upstream: str, src: Path | None = None) -> Ser
     proc, log = _spawn("ctxproxy", [*argv, "serve", "--config", str(config), "--port", str(port)], workdir,
                        env=env)
     service = Service("ctxproxy", proc, f"http://127.0.0.1:{port}", log,
-                      extra={"archive": str(data_dir / "archive.db")})
+                      extra={"archive": str(data_dir / "archive.db"), "messages": "yes" if messages else ""})
     wait_ready(service, "/healthz", 60)
     return service
 

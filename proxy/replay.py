@@ -132,8 +132,14 @@ class Cache:
 
 
 def neutral(conversation: dict[str, Any]) -> dict[str, Any]:
-    """A conversation in the neutral (chat) shape: an Anthropic Messages request body (a `system` field, or
-    content blocks such as tool_use / tool_result) goes through its codec; a chat one is itself."""
+    """A conversation in the neutral (chat) shape: an OpenAI Responses request body (`input` items) or an
+    Anthropic Messages one (a `system` field, or content blocks such as tool_use / tool_result) goes through
+    its codec; a chat one is itself."""
+    if "messages" not in conversation and "input" in conversation:
+        from proxy.wire.responses import decode as decode_responses
+
+        decoded = decode_responses(orjson.dumps(conversation))
+        return {**conversation, "messages": decoded.messages, "tools": decoded.tools}
     messages = conversation.get("messages") or []
     blocks = {b.get("type") for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list)
               for b in m["content"] if isinstance(b, dict)}

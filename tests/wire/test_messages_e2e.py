@@ -262,7 +262,8 @@ def test_an_assistant_prefill_stays_last(make_proxy, fake_upstream):
 
 def test_a_client_tool_named_like_ours_turns_our_rewriting_off(proxy, fake_upstream):
     fake_upstream.then(Step(blocks=[text("ok")]))
-    tools = [*TOOLS, {"name": "recall", "description": "the client's own", "input_schema": {"type": "object"}}]
+    tools = [*TOOLS, {"name": "recall", "description": "the client's own",
+                      "input_schema": {"type": "object"}}]
     body = orjson.dumps({"model": MODEL, "max_tokens": 5, "tools": tools, "messages": history()})
     httpx.post(f"{proxy.url}/v1/messages", content=body,
                headers={"x-api-key": "k", "anthropic-version": "2023-06-01"})

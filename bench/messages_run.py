@@ -1,0 +1,221 @@
+"""The Anthropic Messages format in the benchmarks.
+
+Each request of a chat trace is sent as a Claude client would send it (bench/to_messages.py), decoded by
+the proxy's Messages codec, rewritten by the same pipeline with the same policy (one session state per
+conversation, as the chat run) and encoded back onto the native body, exactly as the server does it
+(`proxy.app.rewrite`). The figures are measured on the NEUTRAL conversation the pipeline produced, with
+the same model (tokenizer, window) as the chat run, so they compare with the chat run's; raw figures are
+those of the decoded request (its neutral messages and its native tools list). Every encoded body is
+checked against the Messages API's rules (`bench.to_messages.violations`): `codec_violations` counts the
+requests whose body breaks one, and must be 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench.retention_run import Proxy, Sent, Setting, Tally
+from bench.to_messages import to_messages, violations
+from proxy import pipeline
+from proxy.app import rewrite
+from proxy.errors import ContextLengthExceeded
+from proxy.policy import LoadedPolicy
+from proxy.replay import (
+    CACHED_PRICE,
+    Cache,
+    Totals,
+    _check_recoverable,
+    bare_model,
+    pairing_errors,
+    read_conversations,
+    request_points,
+)
+from proxy.session import Session
+from proxy.state import StateStore
+from proxy.tokens import TokenCounter
+from proxy.wire import Decoded
+from proxy.wire.messages import decode
+
+SAMPLES = 3
+log = logging.getLogger("ctxproxy")
+SUFFIX = "/messages"  # the retention strategy's name: ctxproxy:<policy>/messages
+
+
+class MessagesClient:
+    """One trace conversation as a Claude client sends it: each request prefix, converted and decoded.
+    The tools list is converted from the whole conversation, so it is the same on every request."""
+
+    def __init__(self, conversation: dict[str, Any]) -> None:
+        self.messages = conversation.get("messages") or []
+        self.tools = conversation.get("tools") or None
+
+    def body(self, prefix: list[dict[str, Any]]) -> bytes:
+        return orjson.dumps(to_messages(prefix, self.tools, called_in=self.messages))
+
+
+class _Logged(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@dataclass
+class Forwarded:
+    decoded: Decoded
+    outcome: pipeline.Outcome | None  # None: the gate refused
+    broken: list[str]  # what the Messages API would reject in the encoded body
+    ms: float  # the server's work on the request: decode, pipeline, encode
+
+
+def forward(raw: bytes, model: str, context: pipeline.PipelineContext) -> Forwarded:
+    """Decode, pipeline and encode as the server runs them, and the encoded body's violations of the
+    API's rules. The codec sends the client's own request when its rewrite breaks a rule it checks
+    itself: a codec bug too (what went upstream is not what the figures measure), counted as a
+    violation."""
+    started = time.perf_counter()
+    decoded = decode(raw)
+    logged = _Logged()
+    log.addHandler(logged)
+    try:
+        outcome, content, _ = rewrite(pipeline.Conversation(model, decoded.messages, decoded.tools), context,
+                                      decoded)
+    except ContextLengthExceeded:
+        return Forwarded(decoded, None, [], (time.perf_counter() - started) * 1000)
+    finally:
+        log.removeHandler(logged)
+    ms = (time.perf_counter() - started) * 1000
+    broken = violations(orjson.loads(content))
+    if outcome.changed and content is raw:
+        broken.append("the rewrite was dropped: " + ("; ".join(logged.lines) or "the client's body went"))
+    return Forwarded(decoded, outcome, broken, ms)
+
+
+# ------------------------------------------------------------------------------- bench/replay.py
+
+@dataclass
+class MessagesTotals(Totals):
+    codec_checked: int = 0  # encoded bodies checked
+    codec_violations: int = 0  # of those, bodies the Messages API would reject
+    violation_samples: list[str] = field(default_factory=list)
+
+    def add(self, other: Totals) -> None:
+        super().add(other)
+        if isinstance(other, MessagesTotals):
+            self.codec_checked += other.codec_checked
+            self.codec_violations += other.codec_violations
+            self.violation_samples = (self.violation_samples + other.violation_samples)[:SAMPLES]
+
+    def report(self) -> dict[str, Any]:
+        return super().report() | {"codec_checked": self.codec_checked,
+                                   "codec_violations": self.codec_violations,
+                                   "violation_samples": self.violation_samples}
+
+
+def replay_conversation(conversation: dict[str, Any], policy: LoadedPolicy, tokens: TokenCounter,
+                        model_override: str | None = None) -> MessagesTotals:
+    """proxy.replay.replay_conversation in the Messages format (same accounting, same helpers); its
+    pipeline_ms is the whole per-request work of the format: decode, pipeline, encode."""
+    model = model_override or bare_model(str(conversation.get("model") or "gpt-4o"))
+    client = MessagesClient(conversation)
+    store = StateStore()
+    session = Session(str(conversation.get("id") or "replay"), "replay")
+    context = pipeline.PipelineContext(policy, session, "replay", tokens, store)
+    totals = MessagesTotals(conversations=1)
+    raw_cache, forwarded_cache = Cache(tokens, model), Cache(tokens, model)
+    checked: set[str] = set()
+    for prefix in request_points(client.messages):
+        totals.requests += 1
+        sent = forward(client.body(prefix), model, context)
+        decoded, outcome, broken = sent.decoded, sent.outcome, sent.broken
+        totals.pipeline_ms.append(sent.ms)
+        if outcome is None:
+            totals.refused += 1
+            totals.gates["refuse"] += 1
+            forwarded_cache.previous = None
+            raw_cache.cached(decoded.messages, decoded.tools)
+            continue
+        raw = tokens.request(decoded.messages, decoded.tools, model)
+        raw_cached = raw_cache.cached(decoded.messages, decoded.tools)
+        totals.gates[outcome.gate] += 1
+        cached = forwarded_cache.cached(outcome.messages, outcome.tools)
+        totals.raw_tokens += raw
+        totals.forwarded_tokens += outcome.tokens_after
+        totals.forwarded_cached += cached
+        totals.raw_cost += raw_cached * CACHED_PRICE + (raw - raw_cached)
+        totals.forwarded_cost += cached * CACHED_PRICE + (outcome.tokens_after - cached)
+        if outcome.window and outcome.tokens_after > outcome.window:
+            totals.over_budget += 1
+        if pairing_errors(outcome.messages) != pairing_errors(decoded.messages):
+            totals.pairing_errors += 1
+        totals.codec_checked += 1
+        if broken:
+            totals.codec_violations += 1
+            if len(totals.violation_samples) < SAMPLES:
+                totals.violation_samples.append(f"{conversation.get('id')}: {'; '.join(broken[:3])}")
+        _check_recoverable(store, session.id, checked, totals)
+    return totals
+
+
+def replay_files(paths: list[Path], policy: LoadedPolicy, *, model: str | None = None,
+                 limit: int | None = None) -> dict[str, Any]:
+    """proxy.replay.replay_files in the Messages format."""
+    tokens = TokenCounter()
+    per_file: dict[str, Any] = {}
+    overall = MessagesTotals(conversations=0)
+    for path in paths:
+        totals = MessagesTotals(conversations=0)
+        for conversation in read_conversations(path, limit):
+            totals.add(replay_conversation(conversation, policy, tokens, model))
+        per_file[path.name] = totals.report()
+        overall.add(totals)
+    return {"policy": policy.name, "files": per_file, "overall": overall.report()}
+
+
+# ---------------------------------------------------------------------------- bench/retention.py
+
+class MessagesProxy(Proxy):
+    """The retention benchmark's ctxproxy strategy with every request sent in the Messages format.
+    Reachability (read_tool_result, recall) is measured as for chat, on its own store and archive."""
+
+    def __init__(self, loaded: LoadedPolicy, conversation: dict[str, Any], setting: Setting,
+                 tokens: TokenCounter) -> None:
+        super().__init__(loaded, conversation, setting, tokens)
+        self.name = f"ctxproxy:{loaded.name}{SUFFIX}"
+        self.client = MessagesClient(conversation)
+        self.tokens = tokens
+        self.raw_cache = Cache(tokens, setting.model)
+        self.checked = self.broken = 0
+        self.samples: list[str] = []
+        self.conversation_id = str(conversation.get("id"))
+
+    def request(self, prefix: list[dict[str, Any]]) -> Sent | None:
+        model = self.setting.model
+        sent = forward(self.client.body(prefix), model, self.context)
+        decoded, outcome, broken = sent.decoded, sent.outcome, sent.broken
+        raw = (self.tokens.request(decoded.messages, decoded.tools, model),
+               self.raw_cache.cached(decoded.messages, decoded.tools))
+        if outcome is None:
+            self.history.append((prefix, None))
+            return None
+        self.checked += 1
+        if broken:
+            self.broken += 1
+            if len(self.samples) < SAMPLES:
+                self.samples.append(f"{self.conversation_id}: {'; '.join(broken[:3])}")
+        self.history.append((prefix, outcome.messages))
+        return Sent(outcome.messages, outcome.tools, outcome.tokens_after, client=decoded.messages, raw=raw)
+
+    def finish(self, last: Sent | None, left: set[str], tally: Tally) -> set[str]:
+        tally.codec_checked += self.checked
+        tally.codec_violations += self.broken
+        tally.violation_samples = (tally.violation_samples + self.samples)[:SAMPLES]
+        return super().finish(last, left, tally)
