@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -211,10 +212,13 @@ def rewrite(conversation: pipeline.Conversation, context: pipeline.PipelineConte
             decoded: Decoded) -> tuple[pipeline.Outcome, bytes, SessionState]:
     """The pipeline and the bytes to forward (worker thread). Unchanged requests go out byte for byte."""
     outcome = pipeline.run(conversation, context)
-    if outcome.changed:
-        content = decoded.encode(outcome.messages, outcome.original or conversation.messages, outcome.tools)
-    else:
-        content = decoded.encode(conversation.messages, conversation.messages, conversation.tools)
+    if not outcome.changed:
+        return outcome, decoded.raw, context.store.get(context.tenant, context.session.id)
+    content = decoded.encode(outcome.messages, outcome.original or conversation.messages, outcome.tools)
+    if content is decoded.raw:  # the codec refused a rewrite the provider would reject: say what went
+        outcome = dataclasses.replace(outcome, messages=conversation.messages, original=None,
+                                      tools=conversation.tools, changed=False, internal_tools=False,
+                                      tokens_after=outcome.tokens_before, unrewritten=True)
     return outcome, content, context.store.get(context.tenant, context.session.id)
 
 
@@ -300,6 +304,8 @@ async def refused(state: ProxyState, wire: WireFormat, decoded: Decoded, policy:
 def ctxproxy_headers(session: Session, policy: LoadedPolicy, outcome: pipeline.Outcome) -> dict[str, str]:
     skipped = outcome.blocks.skipped
     warning = {"x-ctxproxy-blocks-skipped": ",".join(skipped)} if skipped else {}
+    if outcome.unrewritten:
+        warning["x-ctxproxy-rewrite"] = "refused"  # a proxy bug, logged: the request went as received
     return warning | {
         "x-ctxproxy-session": session.id,
         "x-ctxproxy-policy": policy.name,

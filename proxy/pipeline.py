@@ -65,6 +65,7 @@ class Outcome:
     original: list[dict[str, Any]] | None = None  # the client's messages aligned with `messages`
     evicted: list[Evicted] = field(default_factory=list)  # exchanges this request evicted
     blocks: Assembly = field(default_factory=Assembly)  # what was injected, skipped, and how long it took
+    unrewritten: bool = False  # the codec refused the rewrite (it broke the API's rules): sent as received
 
 
 @dataclass

@@ -2,13 +2,15 @@
 
 The fake upstream stands in for the provider we cannot reach. It records every request it gets
 (raw bytes and headers) and answers from a script of steps, defaulting to a short echo reply. It speaks
-OpenAI chat completions on `/v1/chat/completions` and Anthropic Messages on `/v1/messages` (shapes in
-`tests.anthropic_upstream`); both routes share one script.
+OpenAI chat completions on `/v1/chat/completions`, Anthropic Messages on `/v1/messages` (shapes in
+`tests.anthropic_upstream`) and OpenAI Responses on `/v1/responses` (shapes in `tests.responses_upstream`);
+the routes share one script.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 import struct
 import threading
@@ -28,6 +30,8 @@ from starlette.routing import Route
 
 from tests.anthropic_upstream import last_user_text, message, message_stream
 from tests.anthropic_upstream import text as text_block
+from tests.responses_upstream import last_user_text as responses_last_user_text
+from tests.responses_upstream import message_item, response, response_stream
 
 
 class ServerThread:
@@ -84,7 +88,9 @@ class Step:
     """One scripted answer. `kind`: reply | stream | error | hang | raw.
 
     A reply answers `payload` verbatim when given, else on the chat route a completion of `content` /
-    `tool_calls`, on the messages route a Message of `blocks` (else of one text block `content`).
+    `tool_calls`, on the messages route a Message of `blocks` (else of one text block `content`), on the
+    responses route a Response of `items` (else of one message item `content`); there a stream step without
+    `chunks` streams those items (`tests.responses_upstream.response_stream`).
     `fault` (reset | close) breaks a stream or raw answer off after its chunks / first `cut_after`
     body bytes; `hang_after_chunks` stalls a stream after its chunks until the client goes away.
     """
@@ -101,7 +107,8 @@ class Step:
     fault: str | None = None  # RESET | CLOSE, after the chunks (stream) or `cut_after` bytes (raw)
     cut_after: int = 0  # raw answers with a fault: how many body bytes go out first
     blocks: list[dict[str, Any]] | None = None  # messages route: the reply's content blocks
-    payload: dict[str, Any] | None = None  # reply: this JSON object as the whole answer (either route)
+    payload: dict[str, Any] | None = None  # reply: this JSON object as the whole answer (any route)
+    items: list[dict[str, Any]] | None = None  # responses route: the reply's output items
 
 
 def huge_stream(size: int, *, piece: int = 1 << 16, response_id: str = "chatcmpl-huge") -> list[bytes]:
@@ -175,6 +182,7 @@ class FakeUpstream:
         self.routes = Starlette(routes=[
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/messages", self.messages, methods=["POST"]),
+            Route("/v1/responses", self.responses, methods=["POST"]),
             Route("/v1/{path:path}", self.other, methods=["GET", "POST", "DELETE", "PUT", "PATCH"]),
         ])
         self.app = WithTransport(self.routes)
@@ -197,6 +205,10 @@ class FakeUpstream:
     @property
     def messages_requests(self) -> list[Seen]:
         return [s for s in self.seen if s.path.split("?")[0] == "/v1/messages"]
+
+    @property
+    def responses_requests(self) -> list[Seen]:
+        return [s for s in self.seen if s.path.split("?")[0] == "/v1/responses"]
 
     async def _record(self, request: Request) -> Seen:
         seen = Seen(request.url.path + (f"?{request.url.query}" if request.url.query else ""),
@@ -245,6 +257,21 @@ class FakeUpstream:
         blocks = step.blocks if step.blocks is not None else [text_block(step.content or "")]
         return await self._answer(request, step, lambda: message(blocks),
                                   extra_headers={"request-id": "req_fake"})
+
+    async def responses(self, request: Request) -> Response:
+        seen = await self._record(request)
+        step = self._next_step(seen)
+        body = orjson.loads(seen.body) if seen.body.startswith(b"{") else {}
+        model = body.get("model") or "gpt-5"
+        if step is None:
+            last = responses_last_user_text(body)
+            step = Step(kind="stream" if body.get("stream") else "reply",
+                        items=[message_item(f"echo: {last}" if last is not None else "echo")])
+        items = step.items if step.items is not None else [message_item(step.content or "")]
+        if step.kind == "stream" and not step.chunks:
+            step = dataclasses.replace(step, chunks=response_stream(items, model=model))
+        return await self._answer(request, step, lambda: response(items, model=model),
+                                  extra_headers={"x-request-id": "req_fake"})
 
     async def _answer(self, request: Request, step: Step, reply: Callable[[], dict[str, Any]],
                       extra_headers: dict[str, str] | None = None) -> Response:

@@ -51,9 +51,14 @@ def handle_for(content: str) -> str:
     return HANDLE_PREFIX + hashlib.sha256(content.encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
 
+GREETING_CHARS = 40  # an opening user turn this short, answered in words (no tool, no command), says hello
+
+
 def task_end(messages: list[dict[str, Any]]) -> int:
     """Index after the system prompt(s), any opening assistant turns (a greeting) and the opening run of
-    user messages (a demonstration followed by the real issue): together, the task statement."""
+    user messages (a demonstration followed by the real issue): together, the task statement. A short
+    opening user turn answered by a greeting ("hi" / "How can I help?", or the placeholder turn an
+    Anthropic or Responses client must open with) does not state the task: the user run after it does."""
     index = 0
     while index < len(messages) and messages[index].get("role") in ("system", "developer"):
         index += 1
@@ -63,9 +68,30 @@ def task_end(messages: list[dict[str, Any]]) -> int:
         index += 1
     if index >= len(messages) or messages[index].get("role") != "user":
         return opening  # no task statement to protect (a pure tool loop)
+    run_start = index
     while index < len(messages) and messages[index].get("role") == "user":
         index += 1
+    greeting = index
+    while greeting < len(messages) and _says_hello(messages[greeting]):
+        greeting += 1
+    said = sum(len(_text(m.get("content"))) for m in messages[run_start:index])
+    if said <= GREETING_CHARS and greeting > index and greeting < len(messages) \
+            and messages[greeting].get("role") == "user":
+        index = greeting
+        while index < len(messages) and messages[index].get("role") == "user":
+            index += 1
     return index
+
+
+def _says_hello(message: dict[str, Any]) -> bool:
+    return message.get("role") == "assistant" and not message.get("tool_calls") \
+        and "```" not in _text(message.get("content"))
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text", "") for p in content or [] if isinstance(p, dict))
 
 
 @functools.lru_cache(maxsize=64)

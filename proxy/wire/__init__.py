@@ -48,6 +48,7 @@ class Decoded:
     native_context: bool = False  # the request asks the provider to manage context (policy window.native)
     take_over_context: Callable[[], None] = lambda: None  # ours manages it: the request's own ask is dropped
     native_state: bool = False  # the provider holds the history (previous_response_id): nothing to rewrite
+    raw: bytes = b""  # the client's bytes: what `encode` returns when nothing changed (or it must not)
 
 
 class WireFormat(Protocol):

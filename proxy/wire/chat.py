@@ -39,7 +39,7 @@ class ChatFormat:
             return orjson.dumps(updated)
 
         return Decoded(body=body, model=str(body.get("model") or ""), stream=body.get("stream") is True,
-                       messages=messages, tools=body.get("tools"), session_body=body, encode=encode)
+                       messages=messages, tools=body.get("tools"), session_body=body, encode=encode, raw=raw)
 
     def read_answer(self, payload: bytes) -> tuple[dict[str, Any] | None, str]:
         """The answer as a chat completion whose first message the proxy can act on, or why not."""

@@ -55,7 +55,7 @@ def decode(raw: bytes) -> Decoded:
                    session_body={"metadata": body.get("metadata"), "messages": encoder.neutral},
                    encode=encoder.encode, register=encoder.register,
                    params={k: v for k, v in body.items() if k not in ("messages", "system")},
-                   native_context=isinstance(management, dict) and bool(management.get("edits")),
+                   native_context=isinstance(management, dict) and bool(management.get("edits")), raw=raw,
                    take_over_context=encoder.take_over_context)
 
 
@@ -261,7 +261,7 @@ class Encoder:
         if broken and not self.extra and not problems(self.body):
             # A rewrite the provider would reject is our bug: the client's request goes instead.
             log.error("Messages rewrite broke the request (%s); forwarding it unchanged", "; ".join(broken))
-            return self.raw or orjson.dumps(self.body)
+            return self.raw or orjson.dumps(self.body)  # (the app sees the raw bytes: a fallback)
         return orjson.dumps(out)
 
     def _blocks(self, sent: Message, client: Message,

@@ -92,7 +92,7 @@ def decode(raw: bytes) -> Decoded:
                                  "user": body.get("user") or body.get("safety_identifier")},
                    encode=encoder.encode, register=encoder.register,
                    params={k: v for k, v in body.items() if k not in ("input", "instructions")},
-                   native_state=chained)
+                   native_state=chained, raw=raw)
 
 
 class Encoder:

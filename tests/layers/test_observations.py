@@ -189,3 +189,19 @@ def test_the_same_observation_twice_gets_one_decision():
     outcome = run(history, policy, store)
     assert outcome.messages[3] == outcome.messages[5] != history[3]
     assert read_back(store, handle_for(output)) == output
+
+
+def test_the_task_after_a_greeting_exchange_is_part_of_the_head():
+    """`hi` / `How can I help?` (or the placeholder turn an Anthropic client must open with) does not state
+    the task: the user's next run does, and it is protected with it. A real task is not a greeting."""
+    greeting = [{"role": "system", "content": "s"}, {"role": "user", "content": "(start)"},
+                {"role": "assistant", "content": "Hello! How can I help?"},
+                {"role": "user", "content": "Cancel reservation ABC123 please."},
+                {"role": "assistant", "content": "Sure."}]
+    assert task_end(greeting) == 4
+    worded = [{**m} for m in greeting]
+    worded[1]["content"] = "Fix the failing export test in src/export/csv_writer.py, please."
+    assert task_end(worded) == 2
+    command = [{**m} for m in greeting]
+    command[2]["content"] = "```bash\nls\n```"
+    assert task_end(command) == 2

@@ -268,3 +268,21 @@ def test_a_client_tool_named_like_ours_turns_our_rewriting_off(proxy, fake_upstr
     httpx.post(f"{proxy.url}/v1/messages", content=body,
                headers={"x-api-key": "k", "anthropic-version": "2023-06-01"})
     assert fake_upstream.messages_requests[0].body == body  # no summary, no tools of ours
+
+
+def test_a_rewrite_the_api_would_reject_goes_as_received_and_says_so(proxy, fake_upstream, monkeypatch):
+    """The safety net for a codec bug: the client's own bytes go, the headers and archive say so."""
+    from proxy.wire import messages
+
+    def ours_broken(body: dict) -> list[str]:
+        return ["forced"] if any(t.get("name") == "read_tool_result" for t in body.get("tools") or []) else []
+
+    monkeypatch.setattr(messages, "problems", ours_broken)
+    body = orjson.dumps({"model": MODEL, "max_tokens": 5, "tools": TOOLS, "messages": history()})
+    fake_upstream.then(Step(blocks=[text("ok")]))
+    response = httpx.post(f"{proxy.url}/v1/messages", content=body,
+                          headers={"x-api-key": "k", "anthropic-version": "2023-06-01"})
+    assert response.status_code == 200 and response.headers["x-ctxproxy-rewrite"] == "refused"
+    assert response.headers["x-ctxproxy-tokens-after"] == response.headers["x-ctxproxy-tokens-before"]
+    assert fake_upstream.messages_requests[0].body == body
+    assert exchanges(proxy)[0]["forwarded_leaf"] == exchanges(proxy)[0]["request_leaf"]
