@@ -103,6 +103,8 @@ async def converse(request: Request, wire: WireFormat) -> Response:
     decoded = await off_loop_if_large(len(raw), wire.decode, raw)
     tenant, session = identify(request.headers, decoded.session_body)  # keyless: a tenant per session
     upstream = state.upstreams[wire.name]
+    if (window := wire.window(request.headers)) is not None:
+        policy = policy.with_window(window)
     if decoded.native_state:  # the provider holds the history (previous_response_id): never break a chain
         policy = policy.leaving_context_to_provider()
     elif decoded.native_context:  # never both managing one span: the policy says whose it is

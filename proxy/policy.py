@@ -160,6 +160,13 @@ class LoadedPolicy:
     policy: Policy
     path: Path | None  # None for the built-in default
 
+    def with_window(self, tokens: int) -> LoadedPolicy:
+        """This policy sized for a window the request itself asks for (unless the policy fixes one)."""
+        if self.policy.budget.max_input_tokens is not None:
+            return self
+        budget = self.policy.budget.model_copy(update={"max_input_tokens": tokens})
+        return dataclasses.replace(self, policy=self.policy.model_copy(update={"budget": budget}))
+
     def leaving_context_to_provider(self) -> LoadedPolicy:
         """This policy with every layer that rewrites the conversation off (the provider manages it)."""
         off = {"enabled": False}

@@ -8,7 +8,7 @@ a `Decoded` (the neutral conversation plus where each neutral message lives in t
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -86,5 +86,7 @@ class WireFormat(Protocol):
     def command_stream(self, text: str, model: str) -> list[bytes]: ...
 
     def watch(self) -> StreamWatch: ...
+
+    def window(self, headers: Mapping[str, str]) -> int | None: ...  # a window the request's headers select
 
     def stream_rounds(self, rc: RoundsContext, first: httpx.Response) -> AsyncIterator[bytes]: ...

@@ -4,7 +4,7 @@ kept; an unchanged request goes upstream byte for byte)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -101,6 +101,9 @@ class ChatFormat:
 
     def command_stream(self, text: str, model: str) -> list[bytes]:
         return commands.completion_chunks(text, model)
+
+    def window(self, headers: Mapping[str, str]) -> int | None:
+        return None
 
     def watch(self) -> faults.StreamWatch:
         return faults.StreamWatch()

@@ -4,7 +4,7 @@ Anthropic's shape, slash-command answers, how a relayed stream ends."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -19,6 +19,7 @@ from proxy.wire.messages import block_text, decode, neutral_call
 if TYPE_CHECKING:
     from proxy.rounds import RoundsContext
 
+LONG_CONTEXT = 1_000_000  # anthropic-beta: context-1m-…
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 408: "timeout_error", 413: "request_too_large",
                429: "rate_limit_error", 504: "timeout_error", 529: "overloaded_error"}
@@ -74,6 +75,10 @@ class MessagesFormat:
 
     def decode(self, raw: bytes) -> Decoded:
         return decode(raw)
+
+    def window(self, headers: Mapping[str, str]) -> int | None:
+        """Anthropic's 1M-token context is a beta the client opts into per request."""
+        return LONG_CONTEXT if "context-1m" in headers.get("anthropic-beta", "") else None
 
     def watch(self) -> faults.StreamWatch:
         return MessagesWatch()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -75,6 +75,9 @@ class ResponsesFormat:
 
     def decode(self, raw: bytes) -> Decoded:
         return decode(raw)
+
+    def window(self, headers: Mapping[str, str]) -> int | None:
+        return None
 
     def watch(self) -> faults.StreamWatch:
         return ResponsesWatch()

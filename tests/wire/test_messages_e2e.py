@@ -286,3 +286,16 @@ def test_a_rewrite_the_api_would_reject_goes_as_received_and_says_so(proxy, fake
     assert response.headers["x-ctxproxy-tokens-after"] == response.headers["x-ctxproxy-tokens-before"]
     assert fake_upstream.messages_requests[0].body == body
     assert exchanges(proxy)[0]["forwarded_leaf"] == exchanges(proxy)[0]["request_leaf"]
+
+
+def test_the_1m_context_beta_sizes_the_window(make_proxy, fake_upstream):
+    """A request over 200k tokens is refused at Claude's usual window, and goes with the 1M beta."""
+    proxy = make_proxy()
+    (proxy.policies_dir / "plain.yaml").write_text("window: {enabled: false}\ntool_results: {enabled: false}\n")
+    huge = [{"role": "user", "content": "word " * 230_000}]
+    with pytest.raises(anthropic.BadRequestError):
+        proxy.anthropic(policy="plain").messages.create(model=MODEL, max_tokens=5, messages=huge)
+    fake_upstream.then(Step(blocks=[text("ok")]))
+    result = proxy.anthropic(policy="plain").messages.create(
+        model=MODEL, max_tokens=5, messages=huge, extra_headers={"anthropic-beta": "context-1m-2025-08-07"})
+    assert result.content[0].text == "ok"
