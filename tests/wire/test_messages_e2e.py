@@ -291,7 +291,8 @@ def test_a_rewrite_the_api_would_reject_goes_as_received_and_says_so(proxy, fake
 def test_the_1m_context_beta_sizes_the_window(make_proxy, fake_upstream):
     """A request over 200k tokens is refused at Claude's usual window, and goes with the 1M beta."""
     proxy = make_proxy()
-    (proxy.policies_dir / "plain.yaml").write_text("window: {enabled: false}\ntool_results: {enabled: false}\n")
+    (proxy.policies_dir / "plain.yaml").write_text(
+        "window: {enabled: false}\ntool_results: {enabled: false}\n")
     huge = [{"role": "user", "content": "word " * 230_000}]
     with pytest.raises(anthropic.BadRequestError):
         proxy.anthropic(policy="plain").messages.create(model=MODEL, max_tokens=5, messages=huge)
