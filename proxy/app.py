@@ -22,8 +22,8 @@ from starlette.routing import Route
 
 from proxy import commands, heavy, model_summary, pipeline, rounds
 from proxy.archive import ArchiveWriter, ExchangeRecord, request_params, utc_now
-from proxy.config import Config, ServerConfig
-from proxy.errors import ContextLengthExceeded, CtxProxyError, PayloadTooLarge, RequestTimeout
+from proxy.config import Config
+from proxy.errors import ContextLengthExceeded, CtxProxyError
 from proxy.internal_tools import ToolContext
 from proxy.metrics import Metrics
 from proxy.offload import off_loop_if_large
@@ -41,6 +41,7 @@ from proxy.routes import (
     healthz,
     metrics,
     passthrough,
+    read_body,
     select_policy,
 )
 from proxy.session import Session, identify
@@ -187,27 +188,6 @@ async def converse(request: Request, wire: WireFormat) -> Response:
                               wire.error_event)
     return StreamingResponse(archived(events, rc.records, done, wire.done_markers, wire.error_event),
                              status_code=response.status_code, headers=relayed)
-
-
-async def read_body(request: Request, server: ServerConfig) -> bytes:
-    limit = server.max_body_bytes
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {limit} bytes "
-                              "(server.max_body_bytes)")
-    chunks, size = [], 0
-    try:
-        with anyio.fail_after(server.body_timeout_s):  # a body shorter than its Content-Length
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes "
-                                          "(server.max_body_bytes)")
-                chunks.append(chunk)
-    except TimeoutError:
-        raise RequestTimeout(f"the request body did not arrive within {server.body_timeout_s:g} s "
-                             f"({size} bytes received; server.body_timeout_s)") from None
-    return b"".join(chunks)
 
 
 def rewrite(conversation: pipeline.Conversation, context: pipeline.PipelineContext,

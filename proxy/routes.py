@@ -1,6 +1,8 @@
-"""Every route but the chat path: byte passthrough, health, metrics, the admin search API, error pages.
+"""Every route but the managed ones (app.converse), and the HTTP plumbing they share: byte passthrough,
+reading a body, health, metrics, the admin search API, error pages.
 
-Every error here is OpenAI-shaped JSON, including Starlette's own 404 and 405 (see handle_http_exception).
+Every error here is JSON in the shape the client reads: Anthropic's on its routes, else OpenAI's — Starlette's
+own 404 and 405 included (see handle_http_exception).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from proxy.errors import BadRequest, CtxProxyError, NotFound
+from proxy.config import ServerConfig
+from proxy.errors import BadRequest, CtxProxyError, NotFound, PayloadTooLarge, RequestTimeout
 from proxy.policy import POLICY_NAME, LoadedPolicy, PolicyStore
 from proxy.upstream import response_headers
 
@@ -97,6 +100,28 @@ async def passthrough(request: Request) -> Response:
 
     return StreamingResponse(body(), status_code=response.status_code,
                              headers=response_headers(response.headers, keep_length=True))
+
+
+async def read_body(request: Request, server: ServerConfig) -> bytes:
+    """The whole request body, within server.max_body_bytes and server.body_timeout_s."""
+    limit = server.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {limit} bytes "
+                              "(server.max_body_bytes)")
+    chunks, size = [], 0
+    try:
+        with anyio.fail_after(server.body_timeout_s):  # a body shorter than its Content-Length
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes "
+                                          "(server.max_body_bytes)")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestTimeout(f"the request body did not arrive within {server.body_timeout_s:g} s "
+                             f"({size} bytes received; server.body_timeout_s)") from None
+    return b"".join(chunks)
 
 
 async def healthz(request: Request) -> Response:
