@@ -48,7 +48,11 @@ def speaks_anthropic(request: Request) -> bool:
     path = request.url.path
     if path.startswith("/p/"):
         path = "/" + path.split("/", 3)[-1]
-    return path.startswith("/v1/messages") or "anthropic-version" in request.headers
+    if path.startswith("/v1/messages"):
+        return True
+    if path.startswith(("/v1/chat/completions", "/v1/responses")):
+        return False  # OpenAI's own routes answer in OpenAI's shape, whatever headers came along
+    return "anthropic-version" in request.headers
 
 
 def select_policy(request: Request, store: PolicyStore) -> LoadedPolicy:

@@ -300,3 +300,10 @@ def test_the_1m_context_beta_sizes_the_window(make_proxy, fake_upstream):
     result = proxy.anthropic(policy="plain").messages.create(
         model=MODEL, max_tokens=5, messages=huge, extra_headers={"anthropic-beta": "context-1m-2025-08-07"})
     assert result.content[0].text == "ok"
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/responses"])
+def test_openai_routes_answer_in_openai_shape_whatever_headers_come(proxy, fake_upstream, route):
+    response = httpx.post(f"{proxy.url}{route}", content=b"{", headers={
+        "x-api-key": "k", "anthropic-version": "2023-06-01"})
+    assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
