@@ -3,8 +3,11 @@
 Run: `python bench/fake_upstream.py [--port 0]`. It binds 127.0.0.1, prints `PORT <n>` on stdout once
 listening, and answers POST /v1/chat/completions with a fixed completion, or with a 20-chunk SSE
 stream ending in `data: [DONE]` when the body asks for `"stream": true`; POST /v1/messages the same in
-Anthropic's shape (a fixed message, or a stream of 20 content deltas ending in `message_stop`). Bodies
-are read, never parsed.
+Anthropic's shape (a fixed message, or a stream of 20 content deltas ending in `message_stop`); POST
+/v1/responses the same in OpenAI Responses' shape (a Response object with one assistant message, or its
+stream: response.created, in_progress, the message's item and part events with 18 `output_text.delta`
+events, then `response.completed` carrying the whole Response; shapes as tests/responses_upstream.py).
+Bodies are read, never parsed.
 """
 
 from __future__ import annotations
@@ -74,8 +77,61 @@ MESSAGE_EVENTS: list[bytes] = (
        _event("message_stop", {})]
 )
 
+# OpenAI Responses: the Response object (tests/responses_upstream.py `response`) and its stream.
+_TEXT = "Hello from the fake upstream."
+_STREAMED = "".join(f"tok{i} " for i in range(STREAM_CHUNKS - 2))
+
+
+def _response(text: str, status: str = "completed") -> dict[str, Any]:
+    done = status == "completed"
+    item = {"id": "msg_bench", "type": "message", "status": "completed", "role": "assistant",
+            "content": [{"type": "output_text", "annotations": [], "logprobs": [], "text": text}]}
+    usage = {"input_tokens": 11, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 18,
+             "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 29}
+    return {"id": "resp_bench", "object": "response", "created_at": 1700000000, "status": status,
+            "background": False, "error": None, "incomplete_details": None, "instructions": None,
+            "max_output_tokens": None, "max_tool_calls": None, "model": "gpt-4o",
+            "output": [item] if done else [], "parallel_tool_calls": True, "previous_response_id": None,
+            "prompt_cache_key": None, "reasoning": {"effort": None, "summary": None},
+            "safety_identifier": None, "service_tier": "default", "store": False, "temperature": 1.0,
+            "text": {"format": {"type": "text"}, "verbosity": "medium"}, "tool_choice": "auto", "tools": [],
+            "top_logprobs": 0, "top_p": 1.0, "truncation": "disabled", "usage": usage if done else None,
+            "user": None, "metadata": {}}
+
+
+RESPONSE = orjson.dumps(_response(_TEXT))
+
+
+def _response_events() -> list[bytes]:
+    start = _response("", status="in_progress")
+    final = _response(_STREAMED)
+    item = final["output"][0]
+    at = {"item_id": item["id"], "output_index": 0}
+    part = {**at, "content_index": 0}
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": start}, {"type": "response.in_progress", "response": start},
+        {"type": "response.output_item.added", "output_index": 0,
+         "item": item | {"status": "in_progress", "content": []}},
+        {"type": "response.content_part.added", **part, "part": item["content"][0] | {"text": ""}}]
+    events += [{"type": "response.output_text.delta", **part, "logprobs": [], "delta": f"tok{i} ",
+                "obfuscation": "Qx7mZp"} for i in range(STREAM_CHUNKS - 2)]
+    events += [{"type": "response.output_text.done", **part, "text": _STREAMED, "logprobs": []},
+               {"type": "response.content_part.done", **part, "part": item["content"][0]},
+               {"type": "response.output_item.done", "output_index": 0, "item": item},
+               {"type": "response.completed", "response": final}]
+    return [_event(e["type"], {k: v for k, v in e.items() if k != "type"} | {"sequence_number": n})
+            for n, e in enumerate(events)]
+
+
+RESPONSE_EVENTS = _response_events()
+
 JSON_HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(COMPLETION)).encode())]
 MESSAGE_HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(MESSAGE)).encode())]
+RESPONSE_HEADERS = [(b"content-type", b"application/json"),
+                    (b"content-length", str(len(RESPONSE)).encode())]
+ANSWERS = {"chat": (COMPLETION, JSON_HEADERS, SSE_EVENTS),
+           "messages": (MESSAGE, MESSAGE_HEADERS, MESSAGE_EVENTS),
+           "responses": (RESPONSE, RESPONSE_HEADERS, RESPONSE_EVENTS)}
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 NOT_FOUND = b'{"error":{"message":"not found","type":"invalid_request_error"}}'
 
@@ -115,20 +171,21 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await _send_simple(send, 200, b'{"object":"list","data":[{"id":"gpt-4o","object":"model"}]}',
                            [(b"content-type", b"application/json")])
         return
-    anthropic = path.endswith("/v1/messages")
-    if scope["method"] != "POST" or not (anthropic or path.endswith("/chat/completions")):
+    route = "messages" if path.endswith("/v1/messages") else "responses" if path.endswith("/v1/responses") \
+        else "chat" if path.endswith("/chat/completions") else None
+    if scope["method"] != "POST" or route is None:
         await _send_simple(send, 404, NOT_FOUND, [(b"content-type", b"application/json")])
         return
     mode = dict(scope["headers"]).get(b"x-fake-mode", b"")
     if mode:
         await _fault(mode, dict(scope["headers"]), send)
         return
+    answer, headers, events = ANSWERS[route]
     if not _STREAM_TRUE.search(body):
-        answer, headers = (MESSAGE, MESSAGE_HEADERS) if anthropic else (COMPLETION, JSON_HEADERS)
         await _send_simple(send, 200, answer, headers)
         return
     await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-    for event in MESSAGE_EVENTS if anthropic else SSE_EVENTS:  # one ASGI message (one HTTP chunk) an event
+    for event in events:  # one ASGI message (one HTTP chunk) an event
         await send({"type": "http.response.body", "body": event, "more_body": True})
     await send({"type": "http.response.body", "body": b""})
 

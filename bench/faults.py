@@ -1,8 +1,11 @@
 """Faults, hostile input and load against a real ctxproxy process (issue 8's figures).
 
 Run: `.venv/bin/python bench/faults.py [--quick]`. Everything runs on loopback: a fake upstream with
-fault modes (bench/fake_upstream.py) and ctxproxy as subprocesses, so RSS is the proxy's own.
-Prints: 5xx over fuzz cases, acknowledged-but-unarchived after kill -9, silent truncations, probe p99
+fault modes (bench/fake_upstream.py; for the truncation and kill -9 parts, which cover all three wire
+formats and live in bench/faults_wire.py, bench/fault_upstream.py) and ctxproxy as subprocesses, so RSS
+is the proxy's own.
+Prints: 5xx over fuzz cases, acknowledged-but-unarchived (and duplicated) exchanges after kill -9 per
+route, silent truncations per route (the official openai / anthropic SDKs as clients), probe p99
 while a 20 MB request and a recall over a 20 MB document run, recall p95, RSS around a 100 MB answer,
 RSS after many long sessions.
 """
@@ -10,7 +13,6 @@ RSS after many long sessions.
 from __future__ import annotations
 
 import argparse
-import signal
 import sqlite3
 import statistics
 import sys
@@ -21,11 +23,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-import openai
 import orjson
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import fault_upstream
+from bench.faults_wire import kill_nine, print_kill, print_truncations, silent_truncations
 from bench.services import BIN, Service, _spawn, free_port, start_fake, wait_ready
 from tests.strategies_requests import mutated_requests
 
@@ -40,7 +43,8 @@ def start_proxy(workdir: Path, upstream: str, name: str, timeout_s: float = 30.0
     config = workdir / f"{name}.yaml"
     config.write_text(yaml.safe_dump({
         "server": {"log_level": "warning"}, "data_dir": str(workdir / f"{name}-data"),
-        "upstream": {"base_url": f"{upstream}/v1", "timeout_s": timeout_s}, "policies_dir": str(policies)}))
+        "upstream": {"base_url": f"{upstream}/v1", "anthropic_base_url": upstream, "timeout_s": timeout_s},
+        "policies_dir": str(policies)}))
     port = free_port()
     exe = BIN / "ctxproxy"
     argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "proxy"]
@@ -92,32 +96,6 @@ def fuzz(proxy: Service, cases: int) -> dict[str, int]:
             key = f"{response.status_code // 100}xx"
             statuses[key] = statuses.get(key, 0) + 1
     return statuses
-
-
-def silent_truncations(proxy: Service, per_case: int) -> tuple[int, int]:
-    """Streams cut or stalled upstream, plain and internal-tools path: how many ended without an error."""
-    silent = total = 0
-    internal_history = [
-        {"role": "user", "content": "run it"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "run", "arguments": "{}"}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": big_log(1)[:40_000]},
-        {"role": "user", "content": "and now?"}]
-    for mode in ("cut", "stall"):
-        for path, messages in (("v1", [{"role": "user", "content": "hi"}]), ("p/small/v1", internal_history)):
-            client = openai.OpenAI(base_url=f"{proxy.base}/{path}", api_key="sk-trunc", max_retries=0,
-                                   timeout=60, default_headers={"x-fake-mode": mode})
-            for _ in range(per_case):
-                total += 1
-                try:
-                    stream = client.chat.completions.create(model="gpt-4o", messages=messages, tools=TOOLS,
-                                                            stream=True)
-                    for _chunk in stream:
-                        pass
-                    silent += 1  # the SDK saw a clean end of a cut answer
-                except openai.APIError:
-                    pass
-    return silent, total
 
 
 def probes_during(proxy: Service, work, label: str) -> dict[str, float]:
@@ -183,31 +161,6 @@ def recall(proxy: Service, query: str, session: str, client: httpx.Client | None
     return elapsed
 
 
-def kill_nine(workdir: Path, upstream: str, requests: int) -> tuple[int, int]:
-    """Load from 4 threads, SIGKILL right after the last answer, restart: acknowledged but not archived."""
-    proxy = start_proxy(workdir, upstream, "killed")
-    acknowledged: list[str] = []
-    lock = threading.Lock()
-
-    def one(n: int) -> None:
-        session = f"kill-{n}"
-        response = httpx.post(f"{proxy.base}/v1/chat/completions", timeout=60, json={
-            "model": "gpt-4o", "stream": n % 2 == 0, "messages": [{"role": "user", "content": f"turn {n}"}]},
-            headers={"x-ctxproxy-session": session, "authorization": "Bearer sk-kill"})
-        if response.status_code == 200 and (n % 2 == 1 or b"[DONE]" in response.content):
-            with lock:
-                acknowledged.append(session)
-
-    with ThreadPoolExecutor(4) as pool:
-        list(pool.map(one, range(requests)))
-    proxy.stop(signal.SIGKILL)
-    restarted = start_proxy(workdir, upstream, "killed")  # replays its spool at start-up
-    restarted.stop()
-    with sqlite3.connect(proxy.extra["archive"]) as db:
-        archived = {row[0] for row in db.execute("select session_id from exchanges")}
-    return sum(1 for s in acknowledged if s not in archived), len(acknowledged)
-
-
 def long_sessions(proxy: Service, sessions: int, turns: int) -> None:
     def session(n: int) -> None:
         messages: list[dict] = [{"role": "system", "content": "You are a coding agent."},
@@ -240,9 +193,22 @@ def fresh(workdir: Path, fake: Service, name: str, **kwargs: float) -> Service:
 
 
 def run_section(name: str, workdir: Path, fake: Service, quick: bool) -> None:
-    if name == "kill":
-        lost, acked = kill_nine(workdir, fake.base, 200 if quick else 1000)
-        print(f"kill -9 under load: {lost} of {acked} acknowledged exchanges not archived after restart")
+    if name in ("kill", "truncation"):
+        faulty = fault_upstream.start(workdir)
+        try:
+            if name == "kill":
+                for mid_load in (False, True):
+                    label = "in the middle of the load" if mid_load else "right after the last answer"
+                    print_kill(label, kill_nine(start_proxy, workdir, faulty.base, 200 if quick else 1000,
+                                                "killed-mid" if mid_load else "killed", mid_load))
+            else:
+                proxy = fresh(workdir, faulty, name, timeout_s=2.0)
+                try:
+                    print_truncations(silent_truncations(proxy, 3 if quick else 25, big_log(1)[:40_000]))
+                finally:
+                    proxy.stop()
+        finally:
+            faulty.stop()
         return
     proxy = fresh(workdir, fake, name, timeout_s=2.0)
     try:
@@ -252,9 +218,6 @@ def run_section(name: str, workdir: Path, fake: Service, quick: bool) -> None:
             statuses = fuzz(proxy, 300 if quick else 2000)
             print(f"fuzz: {sum(statuses.values())} cases, status classes {statuses}; "
                   f"5xx = {statuses.get('5xx', 0)}")
-        elif name == "truncation":
-            silent, total = silent_truncations(proxy, 3 if quick else 25)
-            print(f"silent truncations: {silent} of {total} cut/stalled streams")
         elif name == "stall":
             document = big_log(20)
             stall = probes_during(proxy, lambda: big_request(proxy, document, "big-1"), "20 MB request")

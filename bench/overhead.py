@@ -3,8 +3,9 @@
 Run: `python bench/overhead.py [--quick] [--json] [--no-litellm]` with the project's venv python.
 Everything runs on 127.0.0.1: a fake upstream (OpenAI- and Anthropic-shaped), ctxproxy and LiteLLM each
 in their own process. The `*_by_route` scenarios send the same small request through ctxproxy's chat
-route and its Anthropic Messages route (each against the fake upstream's own route, called directly),
-interleaved in one loop, so the two routes' added latency compare (goal: messages within 0.3 ms of chat).
+route, its Anthropic Messages route and its OpenAI Responses route (each against the fake upstream's own
+route, called directly), interleaved in one loop, so the routes' added latency compare (goal: each within
+0.3 ms of chat at p50).
 """
 
 from __future__ import annotations
@@ -27,12 +28,20 @@ from typing import Any
 
 import httpx
 import orjson
+from fake_upstream import ANSWERS
 from payloads import big_history, chat_body
 from report import print_report
 from services import Service, ServiceError, start_ctxproxy, start_fake, start_litellm
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.to_responses import to_responses
+
 CHAT = "/v1/chat/completions"
 MESSAGES = "/v1/messages"
+RESPONSES = "/v1/responses"
+# What the last bytes of a complete stream hold, by format (chat, Messages, Responses).
+STREAM_ENDS = (b"[DONE]", b"event: message_stop", b"event: response.completed")
+TAIL_BYTES = 4096  # response.completed carries the whole Response (~1.5 KB here) after its name
 ANTHROPIC_VERSION = "2023-06-01"
 
 
@@ -88,12 +97,12 @@ def one_request(client: httpx.Client, url: str, body: bytes, stream: bool,
     with client.stream("POST", url, content=body, headers=headers) as response:
         tail = b""
         for chunk in response.iter_raw():
-            tail = (tail + chunk)[-64:]
+            tail = (tail + chunk)[-TAIL_BYTES:]
         elapsed = time.perf_counter() - started
     if response.status_code != 200:
         raise RuntimeError(f"{url}: HTTP {response.status_code}")
-    if stream and b"[DONE]" not in tail and b"message_stop" not in tail:
-        raise RuntimeError(f"{url}: stream did not end with [DONE] or message_stop")
+    if stream and not any(end in tail for end in STREAM_ENDS):
+        raise RuntimeError(f"{url}: stream did not end with [DONE], message_stop or response.completed")
     return elapsed
 
 
@@ -197,17 +206,25 @@ def ctxproxy_self_report(client: httpx.Client, base: str) -> tuple[float | None,
     return (sum(sums.values()) / total * 1000 if total else None), by_route
 
 
-def route_targets(fake: Service, ctx: Service, key: str) -> list[Target]:
-    """Direct and through ctxproxy, for each route; the messages targets send the same request in
-    Anthropic's shape with its headers."""
-    small = [{"role": "user", "content": "Say hello in five words."}]
+SMALL = [{"role": "user", "content": "Say hello in five words."}]
+ROUTES = ("messages", "responses")  # compared with chat
+
+
+def route_targets(fake: Service, ctx: Service, key: str, stream: bool) -> list[Target]:
+    """Direct and through ctxproxy, for each route the proxy serves; the messages targets send the same
+    request in Anthropic's shape with its headers, the responses targets in the Responses shape."""
     anthropic = {"x-api-key": key, "anthropic-version": ANTHROPIC_VERSION}
-    return [Target("direct chat", fake.base + CHAT),
-            Target("ctxproxy chat", ctx.base + CHAT, base="direct chat"),
-            Target("direct messages", fake.base + MESSAGES, messages_body(small), anthropic,
-                   base="direct messages"),
-            Target("ctxproxy messages", ctx.base + MESSAGES, messages_body(small), anthropic,
-                   base="direct messages")]
+    targets = [Target("direct chat", fake.base + CHAT),
+               Target("ctxproxy chat", ctx.base + CHAT, base="direct chat")]
+    if ctx.extra.get("messages"):
+        body = messages_body(SMALL, stream=stream)
+        targets += [Target("direct messages", fake.base + MESSAGES, body, anthropic, base="direct messages"),
+                    Target("ctxproxy messages", ctx.base + MESSAGES, body, anthropic, base="direct messages")]
+    if ctx.extra.get("responses"):
+        body = responses_body(SMALL, stream=stream)
+        targets += [Target("direct responses", fake.base + RESPONSES, body, base="direct responses"),
+                    Target("ctxproxy responses", ctx.base + RESPONSES, body, base="direct responses")]
+    return targets
 
 
 def messages_body(messages: list[dict[str, Any]], *, stream: bool = False) -> bytes:
@@ -217,17 +234,30 @@ def messages_body(messages: list[dict[str, Any]], *, stream: bool = False) -> by
     return orjson.dumps(body)
 
 
-def route_gap(rows: list[LatencyRow]) -> dict[str, dict[str, float | None]]:
-    """Per route scenario: the messages route's added latency minus the chat route's (p50, p99)."""
-    gaps: dict[str, dict[str, float | None]] = {}
+def responses_body(messages: list[dict[str, Any]], *, stream: bool = False) -> bytes:
+    """The same request as a stateless Responses client sends it (bench/to_responses.py)."""
+    body = to_responses(messages, model="gpt-4o")
+    body["max_output_tokens"] = 64
+    if stream:
+        body["stream"] = True
+    return orjson.dumps(body)
+
+
+def route_gap(rows: list[LatencyRow]) -> dict[str, dict[str, dict[str, float | None]]]:
+    """Per route scenario and route: the route's added latency minus the chat route's (p50, p99)."""
+    gaps: dict[str, dict[str, dict[str, float | None]]] = {}
     for scenario in dict.fromkeys(r.scenario for r in rows if r.scenario.endswith("_by_route")):
         by = {r.target: r for r in rows if r.scenario == scenario}
-        chat, messages = by["ctxproxy chat"], by["ctxproxy messages"]
-        gaps[scenario] = {
-            "p50_ms": None if chat.added_p50_ms is None or messages.added_p50_ms is None
-            else messages.added_p50_ms - chat.added_p50_ms,
-            "p99_ms": None if chat.added_p99_ms is None or messages.added_p99_ms is None
-            else messages.added_p99_ms - chat.added_p99_ms}
+        chat = by["ctxproxy chat"]
+        for route in ROUTES:
+            row = by.get(f"ctxproxy {route}")
+            if row is None:
+                continue
+            gaps.setdefault(scenario, {})[route] = {
+                "p50_ms": None if chat.added_p50_ms is None or row.added_p50_ms is None
+                else row.added_p50_ms - chat.added_p50_ms,
+                "p99_ms": None if chat.added_p99_ms is None or row.added_p99_ms is None
+                else row.added_p99_ms - chat.added_p99_ms}
     return gaps
 
 
@@ -278,17 +308,14 @@ def run(args: argparse.Namespace, workdir: Path, started: list[Service]) -> dict
             latency += measure_latency(client, targets, scenario, body, stream, iters[scenario],
                                        warm[scenario])
         sent = sum((iters[s] + warm[s]) * ctx_targets for s in payloads)
-        routes = route_targets(fake, ctx, key)
-        small = [{"role": "user", "content": "Say hello in five words."}]
-        by_route = (("small_by_route", False), ("stream_by_route", True)) if ctx.extra.get("messages") else ()
-        for scenario, stream in by_route:  # (a --src snapshot without the Messages route: none)
-            if stream:
-                routes = [Target(t.name, t.url, t.body and messages_body(small, stream=True), t.headers,
-                                 t.base) for t in routes]
+        for scenario, stream in (("small_by_route", False), ("stream_by_route", True)):
+            routes = route_targets(fake, ctx, key, stream)
+            if len(routes) == 2:  # a --src snapshot with the chat route only: nothing to compare
+                break
             print(f"... {scenario}: {iters[scenario]} iterations x {len(routes)} targets", file=sys.stderr)
-            latency += measure_latency(client, routes, scenario, chat_body(small, stream=stream), stream,
+            latency += measure_latency(client, routes, scenario, chat_body(SMALL, stream=stream), stream,
                                        iters[scenario], warm[scenario])
-            sent += (iters[scenario] + warm[scenario]) * 2
+            sent += (iters[scenario] + warm[scenario]) * sum(t.name.startswith("ctxproxy") for t in routes)
         throughput: list[ThroughputRow] = []
         for target in [t for t in targets if t.name != "ctxproxy passthrough"]:
             print(f"... throughput: {target.name}", file=sys.stderr)
@@ -304,6 +331,7 @@ def run(args: argparse.Namespace, workdir: Path, started: list[Service]) -> dict
         "throughput": [asdict(r) for r in throughput], "big_bytes": len(payloads["history_500KB"][0]),
         "big_messages": len(history), "ctxproxy_added_mean_ms": added_mean,
         "ctxproxy_added_mean_ms_by_route": added_by_route, "route_gap": route_gap(latency),
+        "stream_events": {route: len(events) for route, (_, _, events) in ANSWERS.items()},
         "ctxproxy_requests": sent,
         "archive": archive_summary(ctx), "litellm": litellm_status,
     }

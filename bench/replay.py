@@ -1,15 +1,17 @@
 """Replay the shared agent traces through the pipeline and print the DESIGN.md metrics.
 
 Run: python bench/replay.py [--traces DIR] [--windows real,16000] [--policy default] [--limit N]
-                            [--format chat|messages|both] [--json]
+                            [--format chat|messages|responses|both|all] [--json]
 
 "real" uses each model's own window from litellm's map; where the trace's model label is not a model
 id litellm knows, the window of the model that produced it is given here explicitly.
 
-`--format messages` replays every request as an Anthropic Messages request through the Messages codec
-(bench/messages_run.py); `both` runs chat and messages on the same conversations and adds a side-by-side
-table. The messages figures are measured on the neutral conversation the pipeline produced, against the
-decoded request; `codec_violations` counts encoded bodies the Messages API would reject (must be 0).
+`--format messages` replays every request as an Anthropic Messages request through the Messages codec,
+`--format responses` as a stateless OpenAI Responses request through the Responses codec
+(bench/format_run.py); `both` runs chat and messages, `all` chat, messages and responses on the same
+conversations, and adds a side-by-side table. The other formats' figures are measured on the neutral
+conversation the pipeline produced, against the decoded request; `codec_violations` counts encoded bodies
+the format's API would reject (must be 0).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from bench import messages_run
+from bench import format_run
 from proxy.policy import LoadedPolicy, PolicyStore
 from proxy.replay import format_table, replay_files
 
@@ -47,12 +49,13 @@ def run(traces: Path, window: str, loaded: LoadedPolicy, limit: int | None, fmt:
     merged: dict = {"policy": loaded.name, "window": window, "files": {}}
     if fmt != "chat":
         merged["format"] = fmt
-    replay = messages_run.replay_files if fmt == "messages" else replay_files
     for path in sorted(traces.glob("*.jsonl")):
         model, real = REAL_WINDOW_OVERRIDES.get(path.name, (None, None))
         size = real if window == "real" else int(window)
         policy = with_window(loaded, size) if size else loaded
-        result = replay([path], policy, model=model or ("gpt-4o" if window != "real" else None), limit=limit)
+        options = {"model": model or ("gpt-4o" if window != "real" else None), "limit": limit}
+        result = replay_files([path], policy, **options) if fmt == "chat" \
+            else format_run.replay_files([path], policy, fmt=format_run.FORMATS[fmt], **options)
         merged["files"].update(result["files"])
     return merged
 
@@ -78,19 +81,22 @@ def overall(result: dict) -> dict:
     return total
 
 
-MESSAGES_COLUMNS = ["conversations", "requests", "token_ratio", "prefix_reuse", "cost_ratio", "recoverable",
-                    "over_budget", "refused", "pairing_errors", "codec_checked", "codec_violations",
-                    "pipeline_ms_p50", "pipeline_ms_p99"]
-SIDE_BY_SIDE = ["token_ratio", "prefix_reuse", "cost_ratio", "recoverable", "refused"]
+FORMAT_COLUMNS = ["conversations", "requests", "token_ratio", "prefix_reuse", "cost_ratio", "recoverable",
+                  "over_budget", "refused", "pairing_errors", "codec_checked", "codec_violations",
+                  "pipeline_ms_p50", "pipeline_ms_p99"]
+SIDE_BY_SIDE = ["token_ratio", "prefix_reuse", "cost_ratio", "recoverable", "replaced", "refused",
+                "pipeline_ms_p50"]
+CHOICES = {"chat": ["chat"], "messages": ["messages"], "responses": ["responses"],
+           "both": ["chat", "messages"], "all": ["chat", "messages", "responses"]}
 
 
-def format_messages_table(result: dict) -> str:
+def format_codec_table(result: dict) -> str:
     """format_table's layout with the codec's columns (pipeline ms here: decode + pipeline + encode)."""
-    lines = ["| file | " + " | ".join(MESSAGES_COLUMNS) + " | gates |",
-             "|" + "---|" * (len(MESSAGES_COLUMNS) + 2)]
+    lines = ["| file | " + " | ".join(FORMAT_COLUMNS) + " | gates |",
+             "|" + "---|" * (len(FORMAT_COLUMNS) + 2)]
     for name, row in [*result["files"].items(), ("overall", result["overall"])]:
         gates = " ".join(f"{k}={v}" for k, v in row["gates"].items())
-        lines.append(f"| {name} | " + " | ".join(str(row[c]) for c in MESSAGES_COLUMNS) + f" | {gates} |")
+        lines.append(f"| {name} | " + " | ".join(str(row[c]) for c in FORMAT_COLUMNS) + f" | {gates} |")
     samples = result["overall"].get("violation_samples")
     if samples:
         lines.append("\ncodec violations: " + " / ".join(samples))
@@ -98,16 +104,23 @@ def format_messages_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def format_side_by_side(chat: dict, messages: dict) -> str:
-    """chat | messages for each figure, per file and overall, on the same conversations."""
-    head = " | ".join(f"{c} chat | {c} msgs" for c in SIDE_BY_SIDE)
-    lines = [f"| file | {head} | same gates | codec_violations |", "|" + "---|" * (2 * len(SIDE_BY_SIDE) + 3)]
-    for name in [*chat["files"], "overall"]:
-        a = chat["overall"] if name == "overall" else chat["files"][name]
-        b = messages["overall"] if name == "overall" else messages["files"][name]
-        cells = " | ".join(f"{a[c]} | {b[c]}" for c in SIDE_BY_SIDE)
-        lines.append(f"| {name} | {cells} | {'yes' if a['gates'] == b['gates'] else 'no'} | "
-                     f"{b['codec_violations']} |")
+def format_side_by_side(by_format: dict[str, dict]) -> str:
+    """Each figure in every format (cells: one value per format, in the header's order), per file and
+    overall, on the same conversations; `same gates`, for each format after the first: whether its gate
+    counts equal the first's."""
+    names = list(by_format)
+    first = by_format[names[0]]
+    lines = [f"formats per cell: {' / '.join(names)} (same gates, codec_violations: "
+             f"{' / '.join(names[1:])})\n",
+             "| file | " + " | ".join(SIDE_BY_SIDE) + " | same gates | codec_violations |",
+             "|---|" + "---:|" * (len(SIDE_BY_SIDE) + 2)]
+    for name in [*first["files"], "overall"]:
+        rows = [r["overall"] if name == "overall" else r["files"][name] for r in by_format.values()]
+        cells = " | ".join(" / ".join(str(r[c]) for r in rows) for c in SIDE_BY_SIDE)
+        same = " / ".join("yes" if r["gates"] == rows[0]["gates"] else "no" for r in rows[1:])
+        codec = " / ".join(str(r.get("codec_violations", "-")) for r in rows[1:])
+        lines.append(f"| {name} | {cells} | {same} | {codec} |")
+    lines.append("\n(pipeline ms: chat's is the pipeline alone; the other formats' adds decode and encode)")
     return "\n".join(lines)
 
 
@@ -117,13 +130,14 @@ def main() -> None:
     parser.add_argument("--windows", default="real,16000")
     parser.add_argument("--policy", default="default")
     parser.add_argument("--limit", type=int)
-    parser.add_argument("--format", choices=("chat", "messages", "both"), default="chat",
-                        help="wire format the requests are sent in (both: chat and messages side by side)")
+    parser.add_argument("--format", choices=tuple(CHOICES), default="chat",
+                        help="wire format the requests are sent in (both: chat and messages; all: chat, "
+                        "messages and responses, side by side)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     logging.getLogger("ctxproxy").setLevel(logging.ERROR)  # the gate's once-per-session warnings
     loaded = PolicyStore(ROOT / "policies").get(args.policy)
-    formats = ["chat", "messages"] if args.format == "both" else [args.format]
+    formats = CHOICES[args.format]
     results = []
     for window in args.windows.split(","):
         for fmt in formats:
@@ -137,11 +151,11 @@ def main() -> None:
         fmt = result.get("format")
         print(f"\n### policy {result['policy']}, window {result['window']}"
               + (f", format {fmt}" if fmt else "") + "\n")
-        print(format_messages_table(result) if fmt == "messages" else format_table(result))
-        if fmt == "messages" and args.format == "both":
-            chat = next(r for r in results if r["window"] == result["window"] and "format" not in r)
-            print(f"\n#### chat vs messages, window {result['window']}\n")
-            print(format_side_by_side(chat, result))
+        print(format_table(result) if fmt is None else format_codec_table(result))
+        if len(formats) > 1 and (fmt or "chat") == formats[-1]:
+            same = {r.get("format") or "chat": r for r in results if r["window"] == result["window"]}
+            print(f"\n#### {' vs '.join(formats)}, window {result['window']}\n")
+            print(format_side_by_side(same))
     print("\n(overall: token_ratio/prefix_reuse/cost_ratio weighted by requests; pipeline ms = worst file)")
 
 

@@ -43,9 +43,17 @@ def print_report(result: dict[str, Any]) -> None:
                          for route, ms in sorted(result.get("ctxproxy_added_mean_ms_by_route", {}).items()))
     print(f"ctxproxy's own ctxproxy_added_seconds metric (handler time outside the upstream call), "
           f"mean over all its requests: {mean} ms" + (f" (by route: {by_route})" if by_route else ""))
-    for scenario, gap in result.get("route_gap", {}).items():
-        print(f"{scenario}: the messages route adds {sig3(gap['p50_ms'])} ms at p50 and "
-              f"{sig3(gap['p99_ms'])} ms at p99 more than the chat route (goal: within 0.3 ms)")
+    route_rows = by_route_rows(result)
+    if route_rows:
+        print("\nBy route (same process, interleaved; added = through ctxproxy minus the fake upstream's own "
+              "route called directly; gap = added minus the chat route's added; goal: gap p50 within 0.3 ms):"
+              "\n")
+        print(table(["scenario", "route", "added p50 ms", "added p99 ms", "gap to chat p50 ms",
+                     "gap to chat p99 ms"], route_rows, left=2))
+        events = result.get("stream_events") or {}
+        if events:
+            print("\nSSE events in one streamed answer (the same 18 text deltas in each format; the proxy "
+                  "relays each event on its own): " + ", ".join(f"{k} {v}" for k, v in events.items()))
     archive = result["archive"]
     match = "all recorded" if archive.get("exchanges") == result["ctxproxy_requests"] else "MISMATCH"
     print(f"ctxproxy archive after SIGINT (exit {archive.get('exit_code')}): "
@@ -54,3 +62,17 @@ def print_report(result: dict[str, Any]) -> None:
           f"{archive.get('db_bytes')} bytes")
     print(f"ctxproxy source: {result['ctxproxy_src']}")
     print(f"litellm: {result['litellm']}")
+
+
+def by_route_rows(result: dict[str, Any]) -> list[list[str]]:
+    """One row per route of each `*_by_route` scenario: its added latency and its gap to chat's."""
+    rows = []
+    gaps = result.get("route_gap", {})
+    for r in result["latency"]:
+        if not r["scenario"].endswith("_by_route") or not r["target"].startswith("ctxproxy "):
+            continue
+        route = r["target"].removeprefix("ctxproxy ")
+        gap = gaps.get(r["scenario"], {}).get(route, {})
+        rows.append([r["scenario"], route, sig3(r["added_p50_ms"]), sig3(r["added_p99_ms"]),
+                     sig3(gap.get("p50_ms")), sig3(gap.get("p99_ms"))])
+    return rows

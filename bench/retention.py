@@ -2,17 +2,19 @@
 
 Run: python bench/retention.py [--traces DIR] [--files GLOB] [--windows real,32000,16000]
                                [--policies default,...] [--limit N] [--quick] [--mask-turns 10]
-                               [--format chat|messages|both] [--json]
+                               [--format chat|messages|responses|both|all] [--json]
 
 Every trace conversation (../shared/traces, read in place) is replayed at each window through every
 strategy, in the same run on the same conversations:
 
 - `ctxproxy:<policy>`: the pipeline with a shipped policy; at "real" the policy's own budget, at 32000 and
   16000 `budget.max_input_tokens` set to that window (as bench/replay.py does);
-- `ctxproxy:<policy>/messages` (`--format messages|both`): the same, every request sent as an Anthropic
-  Messages request (bench/to_messages.py) through the Messages codec (bench/messages_run.py); figures on
-  the neutral conversation the pipeline produced, ratios against the decoded request; `codec` = encoded
-  bodies the Messages API would reject (must be 0);
+- `ctxproxy:<policy>/messages` (`--format messages|both|all`): the same, every request sent as an
+  Anthropic Messages request (bench/to_messages.py) through the Messages codec, and
+  `ctxproxy:<policy>/responses` (`--format responses|all`) as a stateless OpenAI Responses request
+  (bench/to_responses.py) through the Responses codec (bench/format_run.py); figures on the neutral
+  conversation the pipeline produced, ratios against the decoded request; `codec` = encoded bodies the
+  format's API would reject (must be 0). With more than one format, a table compares them side by side;
 - `passthrough`: the raw prefix;
 - `truncation`: naive truncation to the budget ctxproxy's window layer uses (`window.max_tokens`, else
   `window.max_pct` x window, of the default policy; tokens of messages and tools): the oldest messages after
@@ -77,7 +79,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import orjson
 
-from bench.messages_run import SUFFIX, MessagesProxy
+from bench.format_run import FORMATS as WIRE_FORMATS
+from bench.format_run import FormatProxy
 from bench.replay import REAL_WINDOW_OVERRIDES, with_window
 from bench.retention_archive import archive_template, use_template
 from bench.retention_metrics import MASK_KEEP_TURNS
@@ -127,7 +130,15 @@ def setting_for(path: Path, window: str, conversation: dict[str, Any], default: 
 
 
 Job = tuple[str, str, int, int, list[str], int, str, str]
-FORMATS = {"chat": (Proxy,), "messages": (MessagesProxy,), "both": (Proxy, MessagesProxy)}
+FORMATS = {"chat": ("chat",), "messages": ("messages",), "responses": ("responses",),
+           "both": ("chat", "messages"), "all": ("chat", "messages", "responses")}
+
+
+def proxy_strategy(fmt: str, policy: LoadedPolicy, conversation: dict[str, Any], setting: Setting,
+                   tokens: TokenCounter) -> Proxy:
+    if fmt == "chat":
+        return Proxy(policy, conversation, setting, tokens)
+    return FormatProxy(policy, conversation, setting, tokens, WIRE_FORMATS[fmt])
 
 
 def run_job(job: Job) -> tuple[str, str, dict[str, Any], float]:
@@ -155,7 +166,8 @@ def run_job(job: Job) -> tuple[str, str, dict[str, Any], float]:
                 return tokens().request(messages, tools, model)
 
             strategies: list[Strategy] = [
-                kind(with_window(policy, size) if size else policy, conversation, setting, tokens())
+                proxy_strategy(kind, with_window(policy, size) if size else policy, conversation, setting,
+                               tokens())
                 for policy in loaded for kind in FORMATS[fmt]]
             strategies += [Passthrough(tools, count), Truncation(tools, count, setting.truncation_budget),
                            Masking(tools, count, mask_turns, setting.user_observations)]
@@ -189,7 +201,8 @@ def run(files: list[Path], windows: list[str], policies: list[str], limit: int |
             seconds[name] = seconds.get(name, 0.0) + elapsed
             for strategy, data in tallies.items():
                 merged[window].setdefault(name, {}).setdefault(strategy, Tally()).add(Tally.from_dict(data))
-    order = [f"ctxproxy:{p}{s}" for p in policies for s in ("", SUFFIX)] + list(BASELINES)
+    suffixes = ["", *(f.suffix for f in WIRE_FORMATS.values())]
+    order = [f"ctxproxy:{p}{s}" for p in policies for s in suffixes] + list(BASELINES)
     result: dict[str, Any] = {"windows": {},
                               "cpu_seconds_by_file": {k: round(v, 1) for k, v in seconds.items()}}
     for window, by_file in merged.items():
@@ -247,6 +260,44 @@ def format_tables(result: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+COMPARED = [("tokens", "token_ratio"), ("reuse", "prefix_reuse"), ("cost", "cost_ratio"),
+            ("cost_w", "cost_ratio_w"), ("in_prompt", "needles_in_prompt"),
+            ("reachable", "needles_reachable"), ("task", "task_kept"), ("critical", "critical_kept"),
+            ("replaced", "replaced"),
+            ("read_back", "read_back"), ("wm", "working_memory"), ("over", "over_budget"),
+            ("refused", "refused"), ("pairing", "pairing_errors"), ("errors", "errors")]
+
+
+def _value(row: dict[str, Any] | None, key: str) -> str:
+    value = None if row is None else row.get(key)
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def format_comparison(result: dict[str, Any]) -> str:
+    """ctxproxy in each wire format side by side (one value per format in each cell, chat first), per
+    file and overall, for every policy run in more than one format; empty when none was."""
+    out = []
+    suffixes = ["", *(f.suffix for f in WIRE_FORMATS.values())]
+    for window, data in result["windows"].items():
+        policies = dict.fromkeys(s.split("/")[0] for s in data["overall"] if s.startswith("ctxproxy:"))
+        for policy in policies:
+            names = [policy + s for s in suffixes if policy + s in data["overall"]]
+            if len(names) < 2:
+                continue
+            formats = " / ".join(n.partition("/")[2] or "chat" for n in names)
+            out.append(f"\n### window {window}: {policy} by wire format ({formats})\n")
+            out.append("| file | " + " | ".join(c for c, _ in COMPARED) + " | codec |")
+            out.append("|---|" + "---:|" * (len(COMPARED) + 1))
+            rows = [(name.removesuffix(".jsonl"), by) for name, by in data["files"].items()]
+            for name, by in [*rows, ("**overall**", data["overall"])]:
+                cells = [" / ".join(_value(by.get(n), key) for n in names) for _, key in COMPARED]
+                codec = " / ".join(_value(by.get(n), "codec_violations") for n in names[1:])
+                out.append(f"| {name} | " + " | ".join(cells) + f" | {codec} |")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--traces", type=Path, default=DEFAULT_TRACES)
@@ -259,7 +310,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mask-turns", type=int, default=MASK_KEEP_TURNS)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--format", choices=tuple(FORMATS), default="chat",
-                        help="wire format of ctxproxy's requests (both: chat and messages side by side)")
+                        help="wire format of ctxproxy's requests (both: chat and messages; all: chat, "
+                        "messages and responses, side by side)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     policies = args.policies.split(",") if args.policies else PolicyStore(ROOT / "policies").names()
@@ -274,6 +326,7 @@ def main(argv: list[str] | None = None) -> None:
         print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
         return
     print(format_tables(result))
+    print(format_comparison(result))
     print(f"\nelapsed {result['elapsed_s']} s ({args.workers} workers); CPU s by file: "
           f"{result['cpu_seconds_by_file']}")
 

@@ -86,7 +86,7 @@ class Tally:
     errors: int = 0
     recalls: int = 0  # recall calls made to test reachability
     reads: int = 0  # read_tool_result calls made to test reachability
-    codec_checked: int = 0  # requests encoded in another wire format and checked (bench/messages_run.py)
+    codec_checked: int = 0  # requests encoded in another wire format and checked (bench/format_run.py)
     codec_violations: int = 0  # of those, bodies the format's API would reject
     kinds: Counter[str] = field(default_factory=Counter)
     by_kind: dict[str, list[int]] = field(default_factory=lambda: {"ids": [0, 0], "paths": [0, 0],

@@ -144,8 +144,11 @@ def start_ctxproxy(workdir: Path, upstream: str, src: Path | None = None) -> Ser
     env = {"PYTHONPATH": str(src)} if src else None  # sys.path wins over the editable-install finder
     proc, log = _spawn("ctxproxy", [*argv, "serve", "--config", str(config), "--port", str(port)], workdir,
                        env=env)
+    # The Responses route, where the proxy has one (it shares the chat route's upstream).
+    responses = "/v1/responses" in ((src or REPO) / "proxy" / "app.py").read_text()
     service = Service("ctxproxy", proc, f"http://127.0.0.1:{port}", log,
-                      extra={"archive": str(data_dir / "archive.db"), "messages": "yes" if messages else ""})
+                      extra={"archive": str(data_dir / "archive.db"), "messages": "yes" if messages else "",
+                             "responses": "yes" if responses else ""})
     wait_ready(service, "/healthz", 60)
     return service
 

@@ -97,13 +97,29 @@ def native_tools(tools: list[Any] | None, called_in: Iterable[dict[str, Any]] = 
                 out.append({"name": function["name"], "description": function.get("description") or "",
                             "input_schema": function.get("parameters") or {"type": "object"}})
         return out or None
+    return [{"name": n, "description": "", "input_schema": {"type": "object"}}
+            for n in called_names(called_in)] or None
+
+
+def called_names(messages: Iterable[dict[str, Any]]) -> list[str]:
+    """The tool names a conversation calls, in first-use order."""
     names: dict[str, None] = {}
-    for message in called_in:
+    for message in messages:
         for call in message.get("tool_calls") or ():
             name = (call.get("function") or {}).get("name") if isinstance(call, dict) else None
             if isinstance(name, str) and name:
                 names.setdefault(name)
-    return [{"name": n, "description": "", "input_schema": {"type": "object"}} for n in names] or None
+    return list(names)
+
+
+def fresh_id(base: str, used: set[str]) -> str:
+    """`base`, else `<base>_2`, `<base>_3`...: the first not in `used` (then added to it)."""
+    native, count = base, 1
+    while native in used:
+        count += 1
+        native = f"{base}_{count}"
+    used.add(native)
+    return native
 
 
 class _Turns:
@@ -141,12 +157,7 @@ class _Turns:
             self.turns.append(("user", list(results)))
 
     def call_id(self, chat_id: Any) -> str:
-        base = _ID_CHARS.sub("_", str(chat_id or "")) or "call"
-        native, count = base, 1
-        while native in self.used:
-            count += 1
-            native = f"{base}_{count}"
-        self.used.add(native)
+        native = fresh_id(_ID_CHARS.sub("_", str(chat_id or "")) or "call", self.used)
         self.latest[str(chat_id)] = native
         return native
 

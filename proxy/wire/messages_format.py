@@ -19,6 +19,7 @@ from proxy.wire.messages import block_text, decode, neutral_call
 if TYPE_CHECKING:
     from proxy.rounds import RoundsContext
 
+END_NAMES = (b"event: message_delta", b"event: message_stop", b"event: error")
 LONG_CONTEXT = 1_000_000  # anthropic-beta: context-1m-…
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 408: "timeout_error", 413: "request_too_large",
@@ -47,6 +48,8 @@ class MessagesWatch(faults.StreamWatch):
     """How a relayed Messages stream ends: `message_stop` (done), a `stop_reason` (finished), an error."""
 
     def _see(self, event: bytes) -> None:
+        if event.startswith(b"event: ") and not event.startswith(END_NAMES):
+            return  # named, and not an end: the common case, decided without parsing the data
         data = event_data(event)
         if data is None or not (b"message_" in data or b"error" in data):
             return

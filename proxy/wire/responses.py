@@ -241,11 +241,9 @@ def message_content(content: Any) -> Any:
 def drop_dangling_reasoning(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The API rejects a reasoning item without the item it led to; one can be left so only by taking the
     proxy's own calls out of a turn. Such a reasoning item goes (it reasoned about our call)."""
-    out = []
-    for index, item in enumerate(items):
-        if item.get("type") == "reasoning":
-            following = items[index + 1] if index + 1 < len(items) else None
-            if following is None or not is_model_item(following):
-                continue
+    out: list[dict[str, Any]] = []
+    for item in reversed(items):  # backwards: a reasoning item is judged by the item kept after it
+        if item.get("type") == "reasoning" and not (out and is_model_item(out[-1])):
+            continue
         out.append(item)
-    return out
+    return out[::-1]

@@ -57,6 +57,8 @@ def _check_item(item: Any, at: str) -> None:
             _expect(f"{at}.content", content, list, "a string or an array of content parts")
             for number, part in enumerate(content):
                 _expect(f"{at}.content[{number}]", part, dict, "an object")
+                if "text" in part:
+                    _expect(f"{at}.content[{number}].text", part["text"], str, "a string")
     elif kind in ("function_call", "custom_tool_call"):
         _expect(f"{at}.call_id", item.get("call_id"), str, "a string")
         _expect(f"{at}.name", item.get("name"), str, "a string")

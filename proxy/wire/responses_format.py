@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from proxy.rounds import RoundsContext
 
 ENDS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+END_NAMES = tuple(f"event: {name}".encode() for name in (*ENDS, "error"))
 
 
 def is_internal_item(item: dict[str, Any]) -> bool:
@@ -49,6 +50,8 @@ class ResponsesWatch(faults.StreamWatch):
     """How a relayed Responses stream ends: response.completed / incomplete / failed, or an error."""
 
     def _see(self, event: bytes) -> None:
+        if event.startswith(b"event: ") and not event.startswith(END_NAMES):
+            return  # named, and not an end: the common case, decided without parsing the data
         data = event_data(event)
         if data is None or not (b"response." in data or b"error" in data):
             return

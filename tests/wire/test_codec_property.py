@@ -1,4 +1,5 @@
-"""The Anthropic Messages codec against the chat path, over generated agent conversations.
+"""The Anthropic Messages and OpenAI Responses codecs against the chat path, over generated agent
+conversations.
 
 Each generated chat conversation is sent, request by request, as a Claude client would send it
 (bench/to_messages.py, with thinking blocks and cache_control breakpoints added as Claude clients add
@@ -13,6 +14,11 @@ server does). Beside it the chat conversation itself runs through the pipeline w
 - Every encoded body is one the Messages API accepts (bench.to_messages.violations), keeps the client's
   system prompt and tools first, and keeps every thinking block and cache_control breakpoint of the blocks
   it keeps byte-identical; an unchanged request goes out as the client's bytes.
+- The same for Responses (bench/to_responses.py, a stateless client such as Codex: `store: false`,
+  signed `reasoning` items with `encrypted_content` before marked calls): the same decisions as chat;
+  every encoded body is one the Responses API accepts (bench.to_responses.violations), keeps the
+  instructions, the other fields and the client's tools first, keeps every item it keeps byte-identical
+  (reasoning items with them), swaps only `output` of a replaced result, adds only developer items.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.to_messages import NO_RESULT, START, breakpoints, to_messages, violations
+from bench.to_responses import is_model_item, to_responses
+from bench.to_responses import violations as responses_violations
 from proxy import pipeline
 from proxy.app import rewrite
 from proxy.errors import ContextLengthExceeded
@@ -36,6 +44,7 @@ from proxy.policy import LoadedPolicy, Policy
 from proxy.session import Session
 from proxy.state import StateStore
 from proxy.tokens import TokenCounter
+from proxy.wire import responses as responses_codec
 from proxy.wire.messages import decode
 from tests.strategies import CLIENT_TOOLS, request_prefixes, text, tool_output
 
@@ -47,7 +56,8 @@ PROSE = ["the", "build", "step", "compiles", "module", "and", "links", "objects"
 # Wordy output with no identifiers: what a summary shortens (strategies' texts name ids on most lines).
 prose = st.lists(st.lists(st.sampled_from(PROSE), min_size=8, max_size=12).map(" ".join),
                  min_size=40, max_size=150).map("\n".join)
-SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=30, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 REMINDER = "<system-reminder>\n"
 
 
@@ -120,18 +130,76 @@ def claude_body(prefix: list[dict[str, Any]], messages: list[dict[str, Any]],
     return body
 
 
-def as_decoded(prefix: list[dict[str, Any]], thinking: set[str]) -> list[dict[str, Any]]:
-    """The chat conversation as the codec must read it back: a thinking block becomes a part after the
-    assistant's text (counted, never rewritten)."""
+def as_decoded(prefix: list[dict[str, Any]], thinking: set[str], kind: str = "thinking",
+               unsummarized: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    """The chat conversation as the codec must read it back: a thinking block (a reasoning item) becomes
+    a part after the assistant's text (counted, never rewritten)."""
     out = []
     for message in prefix:
         calls = message.get("tool_calls") or ()
         if message["role"] == "assistant" and calls and calls[0]["id"] in thinking:
             parts = [{"type": "text", "text": message["content"]}] if message["content"] else []
-            message = {**message, "content": [*parts, {"type": "thinking",
-                                                       "thinking": f"plan for {calls[0]['id']}"}]}
+            said = "" if calls[0]["id"] in unsummarized else f"plan for {calls[0]['id']}"
+            message = {**message, "content": [*parts, {"type": kind, "thinking": said}]}
         out.append(message)
     return out
+
+
+@st.composite
+def codex_marks(draw: st.DrawFn, messages: list[dict[str, Any]]) -> tuple[set[str], set[str], bool]:
+    """Which assistant turns start with a reasoning item (by their first call id), which of those carry
+    no summary (only encrypted_content), and whether the client sends a prompt_cache_key."""
+    ids = [c["id"] for m in messages for c in m.get("tool_calls") or ()]
+    reasoning = draw(st.sets(st.sampled_from(ids))) if ids else set()
+    bare_ones = draw(st.sets(st.sampled_from(sorted(reasoning)))) if reasoning else set()
+    return reasoning, bare_ones, draw(st.booleans())
+
+
+def reasoning_item(call_id: str, summarized: bool) -> dict[str, Any]:
+    summary = [{"type": "summary_text", "text": f"plan for {call_id}"}] if summarized else []
+    return {"type": "reasoning", "id": f"rs_{call_id}", "summary": summary,
+            "encrypted_content": f"gAAAAB{call_id}-opaque-" + "x" * 40}
+
+
+def codex_body(prefix: list[dict[str, Any]], messages: list[dict[str, Any]],
+               marks: tuple[set[str], set[str], bool]) -> dict[str, Any]:
+    """The request as a stateless Responses client sends it: a signed reasoning item leads each marked
+    turn (before its text and calls), the encrypted content asked back, a cache key per conversation."""
+    reasoning, bare_ones, cache_key = marks
+    body = to_responses(prefix, CLIENT_TOOLS, called_in=messages, model=MODEL)
+    items: list[dict[str, Any]] = []
+    source = body["input"]
+    for index, item in enumerate(source):
+        if is_model_item(item) and not (items and is_model_item(items[-1])):  # a turn starts
+            turn = source[index:]
+            end = next((k for k, later in enumerate(turn) if not is_model_item(later)), len(turn))
+            first = next((i["call_id"] for i in turn[:end] if i.get("type") == "function_call"), None)
+            if first in reasoning:
+                items.append(reasoning_item(first, first not in bare_ones))
+        items.append(item)
+    body["input"] = items
+    body["include"] = ["reasoning.encrypted_content"]
+    if cache_key:
+        body["prompt_cache_key"] = "conv-0001"
+    return body
+
+
+def response_origins(body: dict[str, Any]) -> list[tuple[int, tuple[int, ...]]]:
+    """Independently of the codec: the input items each neutral message comes from, in order (-1: the
+    instructions); a run of the model's own items is one message."""
+    found: list[tuple[int, tuple[int, ...]]] = [(-1, ())] if body.get("instructions") else []
+    run: list[int] = []
+    for k, item in enumerate(body["input"]):
+        if is_model_item(item):
+            run.append(k)
+            continue
+        if run:
+            found.append((run[0], tuple(run)))
+            run = []
+        found.append((k, (k,)))
+    if run:
+        found.append((run[0], tuple(run)))
+    return found
 
 
 def origins(body: dict[str, Any]) -> list[tuple[int, tuple[int, ...]]]:
@@ -269,24 +337,84 @@ def check_encoded(body: dict[str, Any], sent: dict[str, Any], decoded_messages: 
     assert all(orjson.dumps(b) in thinking for _, b in out_blocks if b["type"] == "thinking")
 
 
+def check_encoded_responses(body: dict[str, Any], sent: dict[str, Any],
+                            decoded_messages: list[dict[str, Any]], outcome: pipeline.Outcome) -> None:
+    """The encoded Responses body: valid, the same instructions and other fields, the client's tools first,
+    kept items byte-identical and in order (reasoning with them), a replaced output differing only in
+    `output`, nothing added but developer items carrying the pipeline's blocks."""
+    assert responses_violations(sent) == []
+    assert {k: v for k, v in sent.items() if k not in ("input", "tools")} == \
+        {k: v for k, v in body.items() if k not in ("input", "tools")}  # instructions, include, store...
+    client_tools = body.get("tools") or []
+    assert sent.get("tools", [])[:len(client_tools)] == client_tools
+    ours = sent.get("tools", [])[len(client_tools):]
+    assert [t["name"] for t in ours] in ([], [READ_TOOL_RESULT, RECALL])
+    assert all(t["type"] == "function" and "parameters" in t for t in ours)
+
+    where = response_origins(body)
+    assert len(where) == len(decoded_messages)
+    original = outcome.original or decoded_messages
+    forwarded_by_id = {id(before): after for before, after in zip(original, outcome.messages, strict=True)}
+    items = sent["input"]
+    sent_ids = {i.get("call_id") or i.get("id") for i in items}
+    known = {orjson.dumps(i) for i in body["input"]}
+    at = 0  # kept items appear in the output in the client's order
+    for neutral, (k, indexes) in zip(decoded_messages, where, strict=True):
+        if k < 0:
+            continue
+        natives = [body["input"][i] for i in indexes]
+        after = forwarded_by_id.get(id(neutral))
+        if after is None:  # evicted: none of its calls, outputs or reasoning remains
+            assert not {n.get("call_id") or n.get("id") for n in natives} - {None} & sent_ids
+            continue
+        if after != neutral:  # replaced (a tool result, a user observation): only its text differs
+            assert neutral["role"] in ("tool", "user") and len(natives) == 1
+            natives = [{**natives[0], "output" if neutral["role"] == "tool" else "content": after["content"]}]
+            known.add(orjson.dumps(natives[0]))
+        for native in natives:  # byte-identical, in order
+            while at < len(items) and orjson.dumps(items[at]) != orjson.dumps(native):
+                at += 1
+            assert at < len(items), f"kept item missing or out of order: {native}"
+            at += 1
+    # nothing else appears: the client's items, replaced ones, and our blocks as developer items
+    made = {str(m.get("content")) for m in outcome.messages if id(m) not in forwarded_by_id
+            or forwarded_by_id[id(m)] is not m}
+    for item in items:
+        if orjson.dumps(item) in known:
+            continue
+        assert item["type"] == "message" and item["role"] == "developer", item
+        assert [p["type"] for p in item["content"]] == ["input_text"]
+        assert item["content"][0]["text"] in made | {str(m.get("content")) for m in outcome.messages}
+    # reasoning items: each one sent is the client's, byte-identical, with the item it led to after it
+    assert all(orjson.dumps(i) in known for i in items if i.get("type") == "reasoning")
+
+
+CODECS = {"messages": (claude_body, decode, "thinking", check_encoded),
+          "responses": (codex_body, responses_codec.decode, "reasoning", check_encoded_responses)}
+
+
 def replay_both(messages: list[dict[str, Any]], window: int, marks: tuple[set[str], set[str], bool],
-                pins: bool = False) -> list[tuple[dict[str, Any] | None, dict[str, Any] | None]]:
-    """Every request of the conversation through both paths; returns the decisions of each request."""
+                pins: bool = False, fmt: str = "messages",
+                ) -> list[tuple[dict[str, Any] | None, dict[str, Any] | None]]:
+    """Every request of the conversation through both paths (chat, and the wire format `fmt` through its
+    codec); returns the decisions of each request."""
+    build, decode_native, part, check = CODECS[fmt]
+    unsummarized = frozenset(marks[1]) if fmt == "responses" else frozenset()
     policy = make_policy(window)
-    chat_store, messages_store = StateStore(), StateStore()
+    chat_store, native_store = StateStore(), StateStore()
     session = Session("s1", "header")
     pinned = (lambda: [Pin("p1", "rules", "Always run the tests before you answer.", 12)]) if pins else None
     found = []
     for prefix in request_prefixes(messages):
-        body = claude_body(prefix, messages, marks)
+        body = build(prefix, messages, marks)
         raw = orjson.dumps(body)
-        decoded = decode(raw)
-        expected = as_decoded(prefix, marks[0])
+        decoded = decode_native(raw)
+        expected = as_decoded(prefix, marks[0], part, unsummarized)
         assert decoded.messages == expected  # the codec reads back exactly the chat conversation
         chat_context = pipeline.PipelineContext(policy, session, TENANT, TOKENS, chat_store, now=CLOCK,
                                                 pins=pinned)
-        messages_context = pipeline.PipelineContext(policy, session, TENANT, TOKENS, messages_store,
-                                                    now=CLOCK, pins=pinned)
+        native_context = pipeline.PipelineContext(policy, session, TENANT, TOKENS, native_store,
+                                                  now=CLOCK, pins=pinned)
         chat_messages = copy.deepcopy(expected)
         try:
             chat = pipeline.run(pipeline.Conversation(MODEL, chat_messages, decoded.tools), chat_context)
@@ -294,20 +422,21 @@ def replay_both(messages: list[dict[str, Any]], window: int, marks: tuple[set[st
             chat = None
         try:
             outcome, content, _ = rewrite(pipeline.Conversation(MODEL, decoded.messages, decoded.tools),
-                                          messages_context, decoded)
+                                          native_context, decoded)
         except ContextLengthExceeded:
-            assert chat is None, "the messages run refused where the chat run did not"
+            assert chat is None, f"the {fmt} run refused where the chat run did not"
             found.append((None, None))
             continue
-        assert chat is not None, "the chat run refused where the messages run did not"
+        assert chat is not None, f"the chat run refused where the {fmt} run did not"
+        assert not outcome.unrewritten, "the codec refused the rewrite"
         assert outcome.messages == chat.messages  # the same forwarded neutral conversation
         chat_decisions = decisions(chat, chat_messages, chat_store)
-        messages_decisions = decisions(outcome, decoded.messages, messages_store)
-        assert messages_decisions == chat_decisions
-        check_encoded(body, orjson.loads(content), decoded.messages, outcome)
+        native_decisions = decisions(outcome, decoded.messages, native_store)
+        assert native_decisions == chat_decisions
+        check(body, orjson.loads(content), decoded.messages, outcome)
         # an unchanged request goes out as the client's bytes; a changed one never falls back to them
         assert (content is raw) == (not outcome.changed)
-        found.append((chat_decisions, messages_decisions))
+        found.append((chat_decisions, native_decisions))
     return found
 
 
@@ -320,6 +449,15 @@ def test_messages_codec_decides_like_chat_and_encodes_valid_bodies(data: st.Data
                                                                    messages: list[dict[str, Any]],
                                                                    window: int, pins: bool) -> None:
     replay_both(messages, window, data.draw(claude_marks(messages)), pins)
+
+
+@SETTINGS
+@given(data=st.data(), messages=agent_conversation(), window=st.sampled_from([1500, 4000, 128_000]),
+       pins=st.booleans())
+def test_responses_codec_decides_like_chat_and_encodes_valid_bodies(data: st.DataObject,
+                                                                    messages: list[dict[str, Any]],
+                                                                    window: int, pins: bool) -> None:
+    replay_both(messages, window, data.draw(codex_marks(messages)), pins, fmt="responses")
 
 
 def heavy_conversation() -> list[dict[str, Any]]:
@@ -354,10 +492,25 @@ def test_summaries_masking_and_eviction_all_happen_and_stay_valid() -> None:
     assert done[-1]["tools"][-2:] == [READ_TOOL_RESULT, RECALL]
 
 
-def test_unchanged_request_is_forwarded_as_the_clients_bytes() -> None:
+def test_responses_summaries_masking_and_eviction_all_happen_and_stay_valid() -> None:
+    """The same in Responses, a reasoning item (two with encrypted content only) before every call."""
+    messages = heavy_conversation()
+    ids = {c["id"] for m in messages for c in m.get("tool_calls") or ()}
+    results = replay_both(messages, 8000, (ids, {"toolu_08", "toolu_09"}, True), pins=True, fmt="responses")
+    done = [d for d, _ in results if d is not None]
+    assert len(done) == len(results)
+    kinds = {kind for d in done for _, kind, _ in d["handles"].values()}
+    assert kinds >= {"summary", "placeholder", "evicted"}
+    assert any(d["evicted"] for d in done) and done[-1]["headlines"]
+    assert {d["gate"] for d in done} >= {"pass", "prune"}
+    assert done[-1]["tools"][-2:] == [READ_TOOL_RESULT, RECALL]
+
+
+@pytest.mark.parametrize("fmt", ["messages", "responses"])
+def test_unchanged_request_is_forwarded_as_the_clients_bytes(fmt: str) -> None:
     prefix = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "hello"}]
-    raw = orjson.dumps(to_messages(prefix))
-    decoded = decode(raw)
+    raw = orjson.dumps(to_messages(prefix) if fmt == "messages" else to_responses(prefix, CLIENT_TOOLS))
+    decoded = CODECS[fmt][1](raw)
     assert decoded.encode(decoded.messages, decoded.messages, decoded.tools) is raw
     context = pipeline.PipelineContext(make_policy(128_000), Session("s1", "header"), TENANT, TOKENS,
                                        StateStore(), now=CLOCK)
@@ -418,7 +571,78 @@ def test_violations_name_what_the_api_rejects(body: dict[str, Any], expected: st
     assert any(expected in line for line in violations(body)), violations(body)
 
 
-# ----------------------------------------------------------------- the benchmarks in Messages format
+def test_responses_converter_maps_items_and_pairs() -> None:
+    call = {"id": "call.1", "type": "function", "function": {"name": "grep", "arguments": "not json"}}
+    again = {"id": "call.1", "type": "function", "function": {"name": "grep", "arguments": {"q": "x"}}}
+    picture = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    chat = [{"role": "system", "content": "s1"}, {"role": "system", "content": "s2"},
+            {"role": "assistant", "content": "Hi", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call.1", "content": "r1"},
+            {"role": "user", "content": [{"type": "text", "text": "look"}, picture]},
+            {"role": "system", "content": "be brief"},
+            {"role": "assistant", "content": None, "tool_calls": [again]},
+            {"role": "assistant", "content": ""},
+            {"role": "tool", "tool_call_id": "nobody", "content": "stray"}]
+    body = to_responses(chat, model="gpt-4o")
+    assert body["instructions"] == "s1\n\ns2" and body["model"] == "gpt-4o" and body["store"] is False
+    assert body["input"] == [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": START}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hi"}]},
+        {"type": "function_call", "call_id": "call.1", "name": "grep", "arguments": "not json"},
+        {"type": "function_call_output", "call_id": "call.1", "output": "r1"},
+        {"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": "look"},
+            {"type": "input_image", "image_url": "https://example.com/a.png", "detail": "auto"}]},
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "be brief"}]},
+        {"type": "function_call", "call_id": "call.1_2", "name": "grep", "arguments": '{"q":"x"}'},
+        {"type": "function_call_output", "call_id": "call.1_2", "output": NO_RESULT},
+        {"type": "message", "role": "user", "content": [{"type": "input_text",
+                                                          "text": "[tool result nobody] stray"}]}]
+    assert body["tools"] == [{"type": "function", "name": "grep", "description": "",
+                              "parameters": {"type": "object"}}]
+    assert responses_violations(body) == []
+    assert orjson.dumps(to_responses(chat, model="gpt-4o")) == orjson.dumps(body)  # deterministic
+    tools = to_responses([*chat[:2], {"role": "user", "content": "x"}], CLIENT_TOOLS)["tools"]
+    assert tools == [{"type": "function", "name": n, "description": "", "parameters": {"type": "object"}}
+                     for n in ("run", "read_file")]
+    decoded = responses_codec.decode(orjson.dumps(body))
+    assert [m["role"] for m in decoded.messages] == ["system", "user", "assistant", "tool", "user", "system",
+                                                    "assistant", "tool", "user"]
+
+
+def _item(kind: str, **fields: Any) -> dict[str, Any]:
+    return {"type": kind, **fields}
+
+
+USER = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"}]}
+CALL = _item("function_call", call_id="c1", name="f", arguments="{}")
+OUTPUT = _item("function_call_output", call_id="c1", output="r")
+THOUGHT = _item("reasoning", id="rs_1", summary=[], encrypted_content="E")
+
+
+@pytest.mark.parametrize(("items", "expected"), [
+    ([], "input: missing or empty"),
+    ([USER, CALL], "calls ['c1'] have no output"),
+    ([USER, OUTPUT], "which no earlier call"),
+    ([USER, OUTPUT, CALL], "which no earlier call"),
+    ([USER, CALL, OUTPUT, OUTPUT], "answered twice"),
+    ([USER, CALL, OUTPUT, CALL, OUTPUT], "call_id c1 used twice"),
+    ([USER, CALL, OUTPUT, THOUGHT], "without the item it led to"),
+    ([USER, THOUGHT, USER], "without the item it led to"),
+    ([USER, THOUGHT, {**THOUGHT, "id": "rs_2"}, USER], "without the item it led to"),
+    ([USER, THOUGHT, THOUGHT, CALL, OUTPUT], "item id rs_1 used twice"),
+    ([USER, _item("custom_tool_call", call_id="c1", name="p", input="x"), OUTPUT], "which no earlier call"),
+    ([{"type": "message", "role": "developer", "content": [{"type": "output_text", "text": "x"}]}],
+     "part type 'output_text' in a developer message"),
+    ([{"type": "message", "role": "tool", "content": "x"}], "role 'tool'"),
+])
+def test_responses_violations_name_what_the_api_rejects(items: list[dict[str, Any]], expected: str) -> None:
+    found = responses_violations({"model": "m", "input": items})
+    assert any(expected in line for line in found), found
+    assert responses_violations({"model": "m", "input": [USER, THOUGHT, CALL, OUTPUT]}) == []
+
+
+# ----------------------------------------------------------- the benchmarks in Messages and Responses format
 
 def bench_conversation() -> dict[str, Any]:
     """A trace-shaped conversation: a big early result (summarized), later ones, a final answer that
@@ -429,8 +653,10 @@ def bench_conversation() -> dict[str, Any]:
     return {"id": "m1", "model": "gpt-4o", "messages": messages, "tools": CLIENT_TOOLS, "meta": {}}
 
 
-def test_replay_in_messages_format_matches_chat(tmp_path: Path) -> None:
-    from bench.messages_run import replay_files as replay_messages
+@pytest.mark.parametrize("fmt", ["messages", "responses"])
+def test_replay_in_another_format_matches_chat(tmp_path: Path, fmt: str) -> None:
+    from bench.format_run import FORMATS
+    from bench.format_run import replay_files as replay_native
     from bench.replay import with_window
     from proxy.policy import PolicyStore
     from proxy.replay import replay_files
@@ -438,40 +664,52 @@ def test_replay_in_messages_format_matches_chat(tmp_path: Path) -> None:
     (tmp_path / "fixture_dev.jsonl").write_bytes(orjson.dumps(bench_conversation()) + b"\n")
     policy = with_window(PolicyStore(ROOT / "policies").get("default"), 2000)
     chat = replay_files([tmp_path / "fixture_dev.jsonl"], policy, model=MODEL)["overall"]
-    messages = replay_messages([tmp_path / "fixture_dev.jsonl"], policy, model=MODEL)["overall"]
-    assert messages["codec_checked"] == messages["requests"] == chat["requests"] == 3
-    assert messages["codec_violations"] == 0 and messages["recoverable"] == 1.0
-    assert messages["gates"] == chat["gates"] and messages["replaced"] == chat["replaced"] > 0
-    assert abs(messages["token_ratio"] - chat["token_ratio"]) < 0.02
+    native = replay_native([tmp_path / "fixture_dev.jsonl"], policy, model=MODEL, fmt=FORMATS[fmt])["overall"]
+    assert native["codec_checked"] == native["requests"] == chat["requests"] == 3
+    assert native["codec_violations"] == 0 and native["recoverable"] == 1.0
+    assert native["gates"] == chat["gates"] and native["replaced"] == chat["replaced"] > 0
+    assert abs(native["token_ratio"] - chat["token_ratio"]) < 0.02
 
 
-def test_retention_cli_both_formats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_retention_cli_all_formats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from bench import retention
 
     (tmp_path / "fixture_dev.jsonl").write_bytes(orjson.dumps(bench_conversation()) + b"\n")
     retention.main(["--traces", str(tmp_path), "--windows", "4000", "--policies", "default",
-                    "--workers", "1", "--format", "both", "--json"])
+                    "--workers", "1", "--format", "all", "--json"])
     overall = orjson.loads(capsys.readouterr().out)["windows"]["4000"]["overall"]
-    assert list(overall) == ["ctxproxy:default", "ctxproxy:default/messages", "passthrough", "truncation",
-                             "masking"]
-    chat, messages = overall["ctxproxy:default"], overall["ctxproxy:default/messages"]
-    assert "codec_violations" not in chat and messages["codec_violations"] == 0
-    assert messages["codec_checked"] == messages["requests"] == chat["requests"]
-    for key in ("needles", "needles_in_prompt", "needles_reachable", "replaced", "read_back", "errors"):
-        assert messages[key] == chat[key], key
-    assert messages["replaced"] == 2 and messages["needles_reachable"] == 1.0  # summarized, read back
+    assert list(overall) == ["ctxproxy:default", "ctxproxy:default/messages", "ctxproxy:default/responses",
+                             "passthrough", "truncation", "masking"]
+    chat = overall["ctxproxy:default"]
+    assert "codec_violations" not in chat
+    for fmt in ("messages", "responses"):
+        native = overall[f"ctxproxy:default/{fmt}"]
+        assert native["codec_violations"] == 0
+        assert native["codec_checked"] == native["requests"] == chat["requests"]
+        for key in ("needles", "needles_in_prompt", "needles_reachable", "replaced", "read_back", "errors"):
+            assert native[key] == chat[key], (fmt, key)
+        assert native["replaced"] == 2 and native["needles_reachable"] == 1.0  # summarized, read back
+    retention.main(["--traces", str(tmp_path), "--windows", "4000", "--policies", "default",
+                    "--workers", "1", "--format", "all"])
+    table = capsys.readouterr().out
+    assert "default by wire format (chat / messages / responses)" in table
+    assert "| **overall** |" in table and "| 0 / 0 |" in table
 
 
-def test_client_tool_named_like_ours_is_not_offered_twice() -> None:
-    """An Anthropic tool named like one of ours: ours are not added (names must be unique upstream, and
-    the client's own calls must reach the client)."""
+@pytest.mark.parametrize("fmt", ["messages", "responses"])
+def test_client_tool_named_like_ours_is_not_offered_twice(fmt: str) -> None:
+    """A native tool (Anthropic's or Responses' flat shape) named like one of ours: ours are not added
+    (names must be unique upstream, and the client's own calls must reach the client)."""
     prefix = heavy_conversation()[:8]  # a summarized result: the internal tools would be offered
     tools = [{"type": "function", "function": {"name": RECALL, "parameters": {"type": "object"}}}]
-    raw = orjson.dumps(to_messages(prefix, tools))
-    decoded = decode(raw)
+    raw = orjson.dumps(to_messages(prefix, tools) if fmt == "messages" else to_responses(prefix, tools))
+    decoded = CODECS[fmt][1](raw)
     context = pipeline.PipelineContext(make_policy(4000), Session("s1", "header"), TENANT, TOKENS,
                                        StateStore(), now=CLOCK)
-    _, content, _ = rewrite(pipeline.Conversation(MODEL, decoded.messages, decoded.tools), context, decoded)
+    outcome, content, _ = rewrite(pipeline.Conversation(MODEL, decoded.messages, decoded.tools), context,
+                                  decoded)
     sent = orjson.loads(content)
-    assert violations(sent) == []  # before 76a3bef: "tools: names ['recall'] defined twice"
+    assert not outcome.unrewritten
+    # before 76a3bef: "tools: names ['recall'] defined twice"
+    assert (violations(sent) if fmt == "messages" else responses_violations(sent)) == []
     assert [t["name"] for t in sent["tools"]] == [RECALL]

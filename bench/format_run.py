@@ -1,12 +1,13 @@
-"""The Anthropic Messages format in the benchmarks.
+"""The benchmarks in another wire format: Anthropic Messages or OpenAI Responses.
 
-Each request of a chat trace is sent as a Claude client would send it (bench/to_messages.py), decoded by
-the proxy's Messages codec, rewritten by the same pipeline with the same policy (one session state per
+Each request of a chat trace is sent as a client of that format would send it (bench/to_messages.py: a
+Claude client; bench/to_responses.py: a stateless Responses client such as Codex), decoded by the proxy's
+codec for the format, rewritten by the same pipeline with the same policy (one session state per
 conversation, as the chat run) and encoded back onto the native body, exactly as the server does it
-(`proxy.app.rewrite`). The figures are measured on the NEUTRAL conversation the pipeline produced, with
-the same model (tokenizer, window) as the chat run, so they compare with the chat run's; raw figures are
-those of the decoded request (its neutral messages and its native tools list). Every encoded body is
-checked against the Messages API's rules (`bench.to_messages.violations`): `codec_violations` counts the
+(`proxy.app.rewrite`). The figures are measured on the NEUTRAL conversation the pipeline produced, with the
+same model (tokenizer, window) as the chat run, so they compare with the chat run's; raw figures are those
+of the decoded request (its neutral messages and its native tools list). Every encoded body is checked
+against the format's API rules (the converter module's `violations`): `codec_violations` counts the
 requests whose body breaks one, and must be 0.
 """
 
@@ -14,14 +15,15 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from bench import to_messages, to_responses
 from bench.retention_run import Proxy, Sent, Setting, Tally
-from bench.to_messages import to_messages, violations
 from proxy import pipeline
 from proxy.app import rewrite
 from proxy.errors import ContextLengthExceeded
@@ -40,23 +42,48 @@ from proxy.session import Session
 from proxy.state import StateStore
 from proxy.tokens import TokenCounter
 from proxy.wire import Decoded
-from proxy.wire.messages import decode
+from proxy.wire import messages as messages_codec
+from proxy.wire import responses as responses_codec
 
 SAMPLES = 3
 log = logging.getLogger("ctxproxy")
-SUFFIX = "/messages"  # the retention strategy's name: ctxproxy:<policy>/messages
 
 
-class MessagesClient:
-    """One trace conversation as a Claude client sends it: each request prefix, converted and decoded.
-    The tools list is converted from the whole conversation, so it is the same on every request."""
+@dataclass(frozen=True)
+class ClientFormat:
+    """A wire format as the benchmarks send it: the converter from a chat conversation, the proxy's
+    decoder for it, and the checker of its API's rules."""
 
-    def __init__(self, conversation: dict[str, Any]) -> None:
+    name: str  # "messages" | "responses"; the retention strategy is ctxproxy:<policy>/<name>
+    convert: Callable[..., dict[str, Any]]  # (prefix, tools, *, called_in, model?) -> native body
+    decode: Callable[[bytes], Decoded]
+    violations: Callable[[dict[str, Any]], list[str]]
+    chat_model: bool  # the body names the chat run's model (else the converter's default)
+
+    @property
+    def suffix(self) -> str:
+        return f"/{self.name}"
+
+
+MESSAGES = ClientFormat("messages", to_messages.to_messages, messages_codec.decode, to_messages.violations,
+                        chat_model=False)
+RESPONSES = ClientFormat("responses", to_responses.to_responses, responses_codec.decode,
+                         to_responses.violations, chat_model=True)
+FORMATS = {f.name: f for f in (MESSAGES, RESPONSES)}
+
+
+class Client:
+    """One trace conversation as a client of `fmt` sends it: each request prefix, converted. The tools list
+    is converted from the whole conversation, so it is the same on every request."""
+
+    def __init__(self, conversation: dict[str, Any], fmt: ClientFormat, model: str) -> None:
         self.messages = conversation.get("messages") or []
         self.tools = conversation.get("tools") or None
+        self.fmt = fmt
+        self.options: dict[str, Any] = {"model": model} if fmt.chat_model else {}
 
     def body(self, prefix: list[dict[str, Any]]) -> bytes:
-        return orjson.dumps(to_messages(prefix, self.tools, called_in=self.messages))
+        return orjson.dumps(self.fmt.convert(prefix, self.tools, called_in=self.messages, **self.options))
 
 
 class _Logged(logging.Handler):
@@ -72,17 +99,16 @@ class _Logged(logging.Handler):
 class Forwarded:
     decoded: Decoded
     outcome: pipeline.Outcome | None  # None: the gate refused
-    broken: list[str]  # what the Messages API would reject in the encoded body
+    broken: list[str]  # what the format's API would reject in the encoded body
     ms: float  # the server's work on the request: decode, pipeline, encode
 
 
-def forward(raw: bytes, model: str, context: pipeline.PipelineContext) -> Forwarded:
+def forward(raw: bytes, model: str, context: pipeline.PipelineContext, fmt: ClientFormat) -> Forwarded:
     """Decode, pipeline and encode as the server runs them, and the encoded body's violations of the
-    API's rules. The codec sends the client's own request when its rewrite breaks a rule it checks
-    itself: a codec bug too (what went upstream is not what the figures measure), counted as a
-    violation."""
+    API's rules. A codec that sends the client's own request when its rewrite breaks a rule it checks
+    itself has a bug too (what went upstream is not what the figures measure): counted as a violation."""
     started = time.perf_counter()
-    decoded = decode(raw)
+    decoded = fmt.decode(raw)
     logged = _Logged()
     log.addHandler(logged)
     try:
@@ -93,8 +119,8 @@ def forward(raw: bytes, model: str, context: pipeline.PipelineContext) -> Forwar
     finally:
         log.removeHandler(logged)
     ms = (time.perf_counter() - started) * 1000
-    broken = violations(orjson.loads(content))
-    if outcome.changed and content is raw:
+    broken = fmt.violations(orjson.loads(content))
+    if outcome.unrewritten or (outcome.changed and content is raw):
         broken.append("the rewrite was dropped: " + ("; ".join(logged.lines) or "the client's body went"))
     return Forwarded(decoded, outcome, broken, ms)
 
@@ -102,14 +128,14 @@ def forward(raw: bytes, model: str, context: pipeline.PipelineContext) -> Forwar
 # ------------------------------------------------------------------------------- bench/replay.py
 
 @dataclass
-class MessagesTotals(Totals):
+class FormatTotals(Totals):
     codec_checked: int = 0  # encoded bodies checked
-    codec_violations: int = 0  # of those, bodies the Messages API would reject
+    codec_violations: int = 0  # of those, bodies the format's API would reject
     violation_samples: list[str] = field(default_factory=list)
 
     def add(self, other: Totals) -> None:
         super().add(other)
-        if isinstance(other, MessagesTotals):
+        if isinstance(other, FormatTotals):
             self.codec_checked += other.codec_checked
             self.codec_violations += other.codec_violations
             self.violation_samples = (self.violation_samples + other.violation_samples)[:SAMPLES]
@@ -121,20 +147,20 @@ class MessagesTotals(Totals):
 
 
 def replay_conversation(conversation: dict[str, Any], policy: LoadedPolicy, tokens: TokenCounter,
-                        model_override: str | None = None) -> MessagesTotals:
-    """proxy.replay.replay_conversation in the Messages format (same accounting, same helpers); its
+                        model_override: str | None = None, fmt: ClientFormat = MESSAGES) -> FormatTotals:
+    """proxy.replay.replay_conversation in another wire format (same accounting, same helpers); its
     pipeline_ms is the whole per-request work of the format: decode, pipeline, encode."""
     model = model_override or bare_model(str(conversation.get("model") or "gpt-4o"))
-    client = MessagesClient(conversation)
+    client = Client(conversation, fmt, model)
     store = StateStore()
     session = Session(str(conversation.get("id") or "replay"), "replay")
     context = pipeline.PipelineContext(policy, session, "replay", tokens, store)
-    totals = MessagesTotals(conversations=1)
+    totals = FormatTotals(conversations=1)
     raw_cache, forwarded_cache = Cache(tokens, model), Cache(tokens, model)
     checked: set[str] = set()
     for prefix in request_points(client.messages):
         totals.requests += 1
-        sent = forward(client.body(prefix), model, context)
+        sent = forward(client.body(prefix), model, context, fmt)
         decoded, outcome, broken = sent.decoded, sent.outcome, sent.broken
         totals.pipeline_ms.append(sent.ms)
         if outcome is None:
@@ -166,31 +192,32 @@ def replay_conversation(conversation: dict[str, Any], policy: LoadedPolicy, toke
 
 
 def replay_files(paths: list[Path], policy: LoadedPolicy, *, model: str | None = None,
-                 limit: int | None = None) -> dict[str, Any]:
-    """proxy.replay.replay_files in the Messages format."""
+                 limit: int | None = None, fmt: ClientFormat = MESSAGES) -> dict[str, Any]:
+    """proxy.replay.replay_files in another wire format."""
     tokens = TokenCounter()
     per_file: dict[str, Any] = {}
-    overall = MessagesTotals(conversations=0)
+    overall = FormatTotals(conversations=0)
     for path in paths:
-        totals = MessagesTotals(conversations=0)
+        totals = FormatTotals(conversations=0)
         for conversation in read_conversations(path, limit):
-            totals.add(replay_conversation(conversation, policy, tokens, model))
+            totals.add(replay_conversation(conversation, policy, tokens, model, fmt))
         per_file[path.name] = totals.report()
         overall.add(totals)
-    return {"policy": policy.name, "files": per_file, "overall": overall.report()}
+    return {"policy": policy.name, "format": fmt.name, "files": per_file, "overall": overall.report()}
 
 
 # ---------------------------------------------------------------------------- bench/retention.py
 
-class MessagesProxy(Proxy):
-    """The retention benchmark's ctxproxy strategy with every request sent in the Messages format.
+class FormatProxy(Proxy):
+    """The retention benchmark's ctxproxy strategy with every request sent in another wire format.
     Reachability (read_tool_result, recall) is measured as for chat, on its own store and archive."""
 
     def __init__(self, loaded: LoadedPolicy, conversation: dict[str, Any], setting: Setting,
-                 tokens: TokenCounter) -> None:
+                 tokens: TokenCounter, fmt: ClientFormat = MESSAGES) -> None:
         super().__init__(loaded, conversation, setting, tokens)
-        self.name = f"ctxproxy:{loaded.name}{SUFFIX}"
-        self.client = MessagesClient(conversation)
+        self.name = f"ctxproxy:{loaded.name}{fmt.suffix}"
+        self.fmt = fmt
+        self.client = Client(conversation, fmt, setting.model)
         self.tokens = tokens
         self.raw_cache = Cache(tokens, setting.model)
         self.checked = self.broken = 0
@@ -199,7 +226,7 @@ class MessagesProxy(Proxy):
 
     def request(self, prefix: list[dict[str, Any]]) -> Sent | None:
         model = self.setting.model
-        sent = forward(self.client.body(prefix), model, self.context)
+        sent = forward(self.client.body(prefix), model, self.context, self.fmt)
         decoded, outcome, broken = sent.decoded, sent.outcome, sent.broken
         raw = (self.tokens.request(decoded.messages, decoded.tools, model),
                self.raw_cache.cached(decoded.messages, decoded.tools))
