@@ -12,14 +12,13 @@ import orjson
 
 from proxy import faults, round_stream
 from proxy.errors import ContextLengthExceeded, CtxProxyError
-from proxy.sse import event_data
 from proxy.wire import Decoded, Turn
+from proxy.wire.framing import NamedEventWatch
 from proxy.wire.messages import block_text, decode, neutral_call
 
 if TYPE_CHECKING:
     from proxy.rounds import RoundsContext
 
-END_NAMES = (b"event: message_delta", b"event: message_stop", b"event: error")
 LONG_CONTEXT = 1_000_000  # anthropic-beta: context-1m-…
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 408: "timeout_error", 413: "request_too_large",
@@ -44,29 +43,9 @@ def sse_event(kind: str, data: dict[str, Any]) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
-class MessagesWatch(faults.StreamWatch):
-    """How a relayed Messages stream ends: `message_stop` (done), a `stop_reason` (finished), an error."""
-
-    def _see(self, event: bytes) -> None:
-        if event.startswith(b"event: ") and not event.startswith(END_NAMES):
-            return  # named, and not an end: the common case, decided without parsing the data
-        data = event_data(event)
-        if data is None or not (b"message_" in data or b"error" in data):
-            return
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return
-        if not isinstance(obj, dict):
-            return
-        kind = obj.get("type")
-        if kind == "message_stop":
-            self.done = True
-        elif kind == "message_delta" and isinstance(obj.get("delta"), dict) \
-                and obj["delta"].get("stop_reason"):
-            self.finished = True
-        elif kind == "error" and self.upstream_error is None:
-            self.upstream_error = obj.get("error") or obj
+def stop_reason_given(event: dict[str, Any]) -> bool:
+    delta = event.get("delta")
+    return isinstance(delta, dict) and bool(delta.get("stop_reason"))
 
 
 class MessagesFormat:
@@ -84,7 +63,8 @@ class MessagesFormat:
         return LONG_CONTEXT if "context-1m" in headers.get("anthropic-beta", "") else None
 
     def watch(self) -> faults.StreamWatch:
-        return MessagesWatch()
+        # message_stop (done), a message_delta with a stop_reason (finished), an error
+        return NamedEventWatch(frozenset({"message_stop"}), "message_delta", stop_reason_given)
 
     def stream_rounds(self, rc: RoundsContext, first: httpx.Response) -> AsyncIterator[bytes]:
         from proxy.wire.messages_framer import MessagesFramer

@@ -14,12 +14,11 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy import faults
 from proxy.archive import ExchangeRecord
 from proxy.archive_traffic import INTERNAL_NAMES
 from proxy.errors import CtxProxyError
-from proxy.sse import EventSplitter
 from proxy.wire import Decoded, Turn
+from proxy.wire.framing import EventFramer
 from proxy.wire.messages_format import error_object, error_type, sse_event
 from proxy.wire.messages_stream import MessagesRound, add_usage, error_event, final_events, is_whole
 
@@ -28,61 +27,32 @@ def is_internal(name: str) -> bool:
     return name in INTERNAL_NAMES
 
 
-class MessagesFramer:
+class MessagesFramer(EventFramer):
+    round: MessagesRound
+    end_name = "a stop_reason or message_stop"
+
     def __init__(self, decoded: Decoded) -> None:
+        super().__init__()
         self.decoded = decoded
         self.round = MessagesRound(0, 0, is_internal)
         self.blocks_sent = 0
         self.usage: dict[str, Any] | None = None
-        self.cut_tail = False
 
     async def relay(self, response: httpx.Response, record: ExchangeRecord, round_no: int,
                     cap: int) -> AsyncIterator[bytes]:
         self.round = MessagesRound(round_no, self.blocks_sent, is_internal)
-        splitter = EventSplitter()
-        async for chunk in response.aiter_raw():
-            record.keep_chunk(chunk, cap)
-            for event in splitter.feed(chunk):
-                out = self.round.feed(event)
-                if out:
-                    yield out
-                if self.round.error is not None:
-                    return
-        tail = splitter.rest()
-        if faults.complete_tail(tail):  # the last event came without its blank line
-            out = self.round.feed(tail.rstrip(b"\r\n"))
-            if out:
-                yield out
-        elif tail.strip():
-            self.cut_tail = True
+        async for out in self.events(response, record, cap):
+            yield out
 
-    def end(self, broke: httpx.HTTPError | None, record: ExchangeRecord) -> bytes | None:
-        """None when the round is whole; else b"" (the upstream's error event was relayed) or ours."""
-        state = self.round
-        if state.malformed:
-            record.error = f"malformed upstream event relayed untouched: {state.malformed}"
-        if state.error is not None:
-            record.error = f"upstream sent an error in the stream: {faults.error_message(state.error)}"
-            return b""
-        if broke is not None:
-            message = faults.stream_failure(broke)[1]
-            if state.done:
-                record.error = f"{message} (after message_stop)"
-                self._whole()
-                return None
-        elif is_whole(state):
-            self._whole()
-            return None
-        else:
-            message = "upstream stream ended without a stop_reason or message_stop"
-        if self.cut_tail:
-            message += " (mid-event)"
-        record.error = message
-        return error_event(message)
+    def is_whole(self) -> bool:
+        return is_whole(self.round)
 
-    def _whole(self) -> None:
+    def whole(self) -> None:
         self.usage = add_usage(self.usage, self.round.usage)
         self.blocks_sent = self.round.blocks_sent_after
+
+    def broken(self, message: str) -> bytes:
+        return error_event(message)
 
     def calls(self) -> list[dict[str, Any]]:
         return self.round.calls

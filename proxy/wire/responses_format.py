@@ -14,15 +14,14 @@ import orjson
 from proxy import faults, round_stream
 from proxy.archive_traffic import INTERNAL_NAMES
 from proxy.errors import ContextLengthExceeded, CtxProxyError
-from proxy.sse import event_data
 from proxy.wire import Decoded, Turn
+from proxy.wire.framing import NamedEventWatch
 from proxy.wire.responses import decode, neutral_call, text_of
 
 if TYPE_CHECKING:
     from proxy.rounds import RoundsContext
 
 ENDS = frozenset({"response.completed", "response.incomplete", "response.failed"})
-END_NAMES = tuple(f"event: {name}".encode() for name in (*ENDS, "error"))
 
 
 def is_internal_item(item: dict[str, Any]) -> bool:
@@ -46,28 +45,6 @@ def sse_event(data: dict[str, Any]) -> bytes:
     return b"event: " + str(data["type"]).encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
-class ResponsesWatch(faults.StreamWatch):
-    """How a relayed Responses stream ends: response.completed / incomplete / failed, or an error."""
-
-    def _see(self, event: bytes) -> None:
-        if event.startswith(b"event: ") and not event.startswith(END_NAMES):
-            return  # named, and not an end: the common case, decided without parsing the data
-        data = event_data(event)
-        if data is None or not (b"response." in data or b"error" in data):
-            return
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return
-        if not isinstance(obj, dict):
-            return
-        kind = obj.get("type")
-        if kind in ENDS:
-            self.done = True
-        elif kind == "error" and self.upstream_error is None:
-            self.upstream_error = obj.get("error") or obj
-
-
 class ResponsesFormat:
     name = "responses"
     route = "responses"
@@ -83,7 +60,7 @@ class ResponsesFormat:
         return None
 
     def watch(self) -> faults.StreamWatch:
-        return ResponsesWatch()
+        return NamedEventWatch(ENDS)  # response.completed / incomplete / failed, or an error
 
     def stream_rounds(self, rc: RoundsContext, first: httpx.Response) -> AsyncIterator[bytes]:
         from proxy.wire.responses_framer import ResponsesFramer

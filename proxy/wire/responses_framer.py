@@ -18,8 +18,8 @@ from proxy import faults
 from proxy.archive import ExchangeRecord
 from proxy.archive_traffic import INTERNAL_NAMES
 from proxy.errors import CtxProxyError
-from proxy.sse import EventSplitter
 from proxy.wire import Decoded, Turn
+from proxy.wire.framing import EventFramer
 from proxy.wire.responses import neutral_call
 from proxy.wire.responses_stream import ResponsesRound, add_usage, error_event, final_events, is_whole
 
@@ -28,64 +28,36 @@ def is_internal(name: str) -> bool:
     return name in INTERNAL_NAMES
 
 
-class ResponsesFramer:
+class ResponsesFramer(EventFramer):
+    round: ResponsesRound
+    end_name = "response.completed"
+
     def __init__(self, decoded: Decoded) -> None:
+        super().__init__()
         self.decoded = decoded
         self.round = ResponsesRound(0, 0, is_internal)
         self.items_sent = 0
         self.shown: list[dict[str, Any]] = []  # every item the client got, in its order
         self.usage: dict[str, Any] | None = None
-        self.cut_tail = False
 
     async def relay(self, response: httpx.Response, record: ExchangeRecord, round_no: int,
                     cap: int) -> AsyncIterator[bytes]:
         previous = self.round
         self.round = ResponsesRound(round_no, self.items_sent, is_internal, sequence=previous.sequence,
                                     response_id=_id(previous.response) if round_no else None)
-        splitter = EventSplitter()
-        async for chunk in response.aiter_raw():
-            record.keep_chunk(chunk, cap)
-            for event in splitter.feed(chunk):
-                out = self.round.feed(event)
-                if out:
-                    yield out
-                if self.round.error is not None:
-                    return
-        tail = splitter.rest()
-        if faults.complete_tail(tail):
-            out = self.round.feed(tail.rstrip(b"\r\n"))
-            if out:
-                yield out
-        elif tail.strip():
-            self.cut_tail = True
+        async for out in self.events(response, record, cap):
+            yield out
 
-    def end(self, broke: httpx.HTTPError | None, record: ExchangeRecord) -> bytes | None:
-        state = self.round
-        if state.malformed:
-            record.error = f"malformed upstream event relayed untouched: {state.malformed}"
-        if state.error is not None:
-            record.error = f"upstream sent an error in the stream: {faults.error_message(state.error)}"
-            return b""
-        if broke is not None:
-            message = faults.stream_failure(broke)[1]
-            if state.done:
-                record.error = f"{message} (after response.completed)"
-                self._whole()
-                return None
-        elif is_whole(state):
-            self._whole()
-            return None
-        else:
-            message = "upstream stream ended without response.completed"
-        if self.cut_tail:
-            message += " (mid-event)"
-        record.error = message
-        return error_event(message, faults.STREAM_BROKEN, sequence=state.sequence)
+    def is_whole(self) -> bool:
+        return is_whole(self.round)
 
-    def _whole(self) -> None:
+    def whole(self) -> None:
         self.usage = add_usage(self.usage, self.round.usage)
         self.items_sent = self.round.items_sent_after
         self.shown.extend(self.round.sent_items)
+
+    def broken(self, message: str) -> bytes:
+        return error_event(message, faults.STREAM_BROKEN, sequence=self.round.sequence)
 
     def calls(self) -> list[dict[str, Any]]:
         return [c for c in (neutral_call(i) for i in self.round.items) if c is not None]
