@@ -212,6 +212,19 @@ class StreamWatch:
             self.finished = True
 
 
+def answer_object(payload: bytes) -> tuple[dict[str, Any] | None, str]:
+    """A whole answer as a JSON object, or why it is not one the proxy can act on (an error object)."""
+    try:
+        data = orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
+        return None, f"not JSON: {exc}"
+    if not isinstance(data, dict):
+        return None, f"a JSON {type(data).__name__}, not an object"
+    if data.get("error"):
+        return None, f"an error object: {error_message(data['error'])}"
+    return data, ""
+
+
 def error_message(error: Any) -> str:
     """The message of an upstream `error` value, whatever its shape."""
     if isinstance(error, dict) and isinstance(error.get("message"), str) and error["message"]:

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +47,14 @@ class RunningProxy:
 
     def flush(self) -> None:
         assert self.state.archive.flush(), "archive writer did not flush"
+
+    def query(self, sql: str, params: tuple = ()) -> Iterator[dict]:
+        """Rows of the archive read through a connection of the test's own. The writer's connection is
+        its thread's alone: a statement left open on it (a generator half read) is a transaction its
+        next BEGIN IMMEDIATE would refuse."""
+        with contextlib.closing(sqlite3.connect(self.data_dir / "archive.db")) as db:
+            db.row_factory = sqlite3.Row
+            return iter([dict(row) for row in db.execute(sql, params)])
 
     def client(self, api_key: str = "sk-test-key", **kwargs) -> openai.OpenAI:
         kwargs.setdefault("base_url", f"{self.url}/v1")

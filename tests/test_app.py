@@ -234,7 +234,7 @@ def archived_exchange(proxy, deadline_s: float = 10.0) -> dict:
     deadline = time.monotonic() + deadline_s
     while True:
         proxy.flush()
-        row = next(proxy.state.archive._db.query("select status, error from exchanges"), None)
+        row = next(proxy.query("select status, error from exchanges"), None)
         if row is not None or time.monotonic() > deadline:
             assert row is not None, "the exchange was never archived"
             return row

@@ -24,11 +24,10 @@ def test_twenty_turn_conversation_stores_each_message_once(proxy, fake_upstream)
         answer = client.chat.completions.create(model="gpt-4o", messages=messages).choices[0].message
         messages.append({"role": "assistant", "content": answer.content})
     proxy.flush()
-    db = proxy.state.archive._db
     # 1 system + 20 user + 20 assistant answers: the answers recorded from responses are the same
     # nodes the client resends, so nothing is stored twice (20 requests x ~20 messages = ~400 sent).
-    assert db["messages"].count == 41
-    assert db["exchanges"].count == 20
+    assert next(proxy.query("select count(*) as n from messages"))["n"] == 41
+    assert next(proxy.query("select count(*) as n from exchanges"))["n"] == 20
     reader = ArchiveReader(proxy.data_dir / "archive.db")
     sessions = reader.sessions()
     assert len(sessions) == 1 and sessions[0]["turns"] == 20
@@ -40,7 +39,7 @@ def test_exchange_rows_carry_usage_tokens_and_session(proxy, fake_upstream):
     client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}],
                                    extra_headers={"x-ctxproxy-session": "my-session"})
     proxy.flush()
-    row = next(proxy.state.archive._db.query("select * from exchanges"))
+    row = next(proxy.query("select * from exchanges"))
     assert row["session_id"] == "my-session" and row["session_source"] == "header"
     assert row["status"] == 200 and row["stream"] == 0 and row["gate"] == "pass"
     assert row["prompt_tokens"] == 11 and row["cached_tokens"] == 5
@@ -65,7 +64,7 @@ def test_failed_exchange_is_still_recorded(proxy, fake_upstream):
                           json={"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]})
     assert response.status_code == 503
     proxy.flush()
-    row = next(proxy.state.archive._db.query("select status, error, request_leaf from exchanges"))
+    row = next(proxy.query("select status, error, request_leaf from exchanges"))
     assert row["status"] == 503 and "overloaded" in row["error"]
     assert row["request_leaf"]
 

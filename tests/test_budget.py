@@ -115,9 +115,9 @@ def test_refusal_through_the_server(make_proxy, fake_upstream):
     text = path.read_text()
     assert "hunter2" not in text and "SECRET-TOKEN" not in text and "[redacted: " in text
     proxy.flush()
-    ticket = next(proxy.state.archive._db.query("select * from tickets"))
+    ticket = next(proxy.query("select * from tickets"))
     assert ticket["kind"] == "decompose-required" and ticket["checkpoint_id"] == error["checkpoint_id"]
-    row = next(proxy.state.archive._db.query("select gate, status from exchanges"))
+    row = next(proxy.query("select gate, status from exchanges"))
     assert (row["gate"], row["status"]) == ("refuse", 400)
 
 

@@ -47,7 +47,7 @@ def test_working_memory_block_names_recent_entities_before_the_last_user_message
     post(proxy, "wm", [messages[0], {"role": "user", "content": "hello"}], session="other")
     assert "[WORKING MEMORY]" not in str(fake_upstream.chat_requests[-1].json()["messages"])
     proxy.flush()
-    saved = next(proxy.state.archive._db.query("select data from session_memory where kind = 'working'"))
+    saved = next(proxy.query("select data from session_memory where kind = 'working'"))
     assert orjson.loads(saved["data"])["memory"]["version"] == 1
 
 
@@ -100,7 +100,7 @@ def test_folded_memory_round_trip_with_a_scripted_model(make_proxy, fake_upstrea
     fold_calls = [r for r in fake_upstream.chat_requests if r.json()["model"] == "fold-model"]
     assert len(fold_calls) >= 2  # the invalid answer was retried
     proxy.flush()
-    saved = next(proxy.state.archive._db.query("select data from session_memory where kind = 'folded'"))
+    saved = next(proxy.query("select data from session_memory where kind = 'folded'"))
     assert "Build small modules first" in saved["data"] and "parallel make -j16" in saved["data"]
 
 

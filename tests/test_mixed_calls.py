@@ -154,7 +154,7 @@ def test_the_archive_keeps_the_model_turn_whole(proxy, fake_upstream):
     fake_upstream.then(Step(tool_calls=[internal_call(), CLIENT]))
     proxy.client().chat.completions.create(model="gpt-4o", messages=history(), tools=TOOLS)
     proxy.flush()
-    rows = list(proxy.state.archive._db.query("select status, error, finish_reason from exchanges"))
+    rows = list(proxy.query("select status, error, finish_reason from exchanges"))
     assert rows == [{"status": 200, "error": None, "finish_reason": "tool_calls"}]
 
 

@@ -54,7 +54,7 @@ def test_summary_replaces_big_result_and_read_back_is_byte_identical(proxy, fake
     assert [t["function"]["name"] for t in first["tools"]] == ["read_file", "read_tool_result", "recall"]
     assert int(raw.headers["x-ctxproxy-tokens-after"]) < int(raw.headers["x-ctxproxy-tokens-before"]) / 3
     proxy.flush()
-    rows = list(proxy.state.archive._db.query("select status, forwarded_leaf from exchanges order by rowid"))
+    rows = list(proxy.query("select status, forwarded_leaf from exchanges order by rowid"))
     assert len(rows) == 2 and all(r["status"] == 200 for r in rows)  # one row per upstream call
 
 

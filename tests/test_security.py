@@ -83,7 +83,7 @@ def test_keyless_clients_never_read_each_others_results_or_recall_hits(proxy, fa
     text = command.json()["choices"][0]["message"]["content"]
     assert ("no matches" in text) != keyed
     proxy.flush()
-    tenants = {r["tenant"] for r in proxy.state.archive._db.query("select tenant from exchanges")}
+    tenants = {r["tenant"] for r in proxy.query("select tenant from exchanges")}
     assert len(tenants) == (1 if keyed else 3)
     assert keyed or all(t.startswith("anon-") for t in tenants)
 
@@ -103,7 +103,7 @@ def test_an_odd_session_header_is_hashed_not_refused(proxy, fake_upstream):
     assert response.status_code == 200
     assert response.headers["x-ctxproxy-session"].startswith("header-")
     proxy.flush()
-    row = next(proxy.state.archive._db.query("select session_id, session_source from exchanges"))
+    row = next(proxy.query("select session_id, session_source from exchanges"))
     assert (row["session_id"], row["session_source"]) == (response.headers["x-ctxproxy-session"], "header")
 
 
@@ -371,5 +371,5 @@ def test_an_empty_bearer_is_keyless_not_one_shared_tenant(proxy, fake_upstream):
                               json={"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]})
         assert response.status_code == 200
     proxy.flush()
-    tenants = [r["tenant"] for r in proxy.state.archive._db.query("select tenant from exchanges")]
+    tenants = [r["tenant"] for r in proxy.query("select tenant from exchanges")]
     assert len(set(tenants)) == 2 and all(t.startswith("anon-") for t in tenants)

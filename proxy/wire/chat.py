@@ -43,14 +43,9 @@ class ChatFormat:
 
     def read_answer(self, payload: bytes) -> tuple[dict[str, Any] | None, str]:
         """The answer as a chat completion whose first message the proxy can act on, or why not."""
-        try:
-            data = orjson.loads(payload)
-        except orjson.JSONDecodeError as exc:
-            return None, f"not JSON: {exc}"
-        if not isinstance(data, dict):
-            return None, f"a JSON {type(data).__name__}, not an object"
-        if data.get("error"):
-            return None, f"an error object: {faults.error_message(data['error'])}"
+        data, problem = faults.answer_object(payload)
+        if data is None:
+            return None, problem
         choices = data.get("choices")
         if not isinstance(choices, list) or not choices:
             return None, "no choices list"

@@ -72,14 +72,9 @@ class MessagesFormat:
         return round_stream.stream(rc, first, MessagesFramer(rc.decoded))
 
     def read_answer(self, payload: bytes) -> tuple[dict[str, Any] | None, str]:
-        try:
-            data = orjson.loads(payload)
-        except orjson.JSONDecodeError as exc:
-            return None, f"not JSON: {exc}"
-        if not isinstance(data, dict):
-            return None, f"a JSON {type(data).__name__}, not an object"
-        if data.get("type") == "error" or data.get("error"):
-            return None, f"an error object: {faults.error_message(data.get('error'))}"
+        data, problem = faults.answer_object(payload)
+        if data is None:
+            return None, problem
         content = data.get("content")
         if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
             return None, "content is not a list of blocks"

@@ -116,7 +116,7 @@ class MessagesRound:
             obj = orjson.loads(data)
         except orjson.JSONDecodeError:
             return self._bad(event, f"data is not JSON: {data[:120]!r}")
-        name = _event_name(event)
+        name = event_name(event)
         if not isinstance(obj, dict):
             return self._bad(event, f"a JSON {type(obj).__name__}, not an object: {data[:120]!r}")
         kind = obj["type"] if isinstance(obj.get("type"), str) else name
@@ -130,7 +130,7 @@ class MessagesRound:
             return self._block_start(event, obj)
         if kind in ("content_block_delta", "content_block_stop"):
             index = obj.get("index")
-            if not _is_int(index) or index not in self._slots:
+            if not is_int(index) or index not in self._slots:
                 return self._bad(event, f"{kind} for a block that did not start: {data[:120]!r}")
             return self._block_event(event, obj, kind, self._slots[index])
         if kind == "message_delta":
@@ -141,7 +141,7 @@ class MessagesRound:
             return None
         # ping, and event types this proxy does not know: untouched, unless they name one of our blocks
         index = obj.get("index")
-        if kind != "ping" and _is_int(index) and index in self._slots:
+        if kind != "ping" and is_int(index) and index in self._slots:
             return self._block_event(event, obj, kind or "", self._slots[index])
         return event + END
 
@@ -160,7 +160,7 @@ class MessagesRound:
 
     def _block_start(self, event: bytes, obj: dict[str, Any]) -> bytes | None:
         index, block = obj.get("index"), obj.get("content_block")
-        if not _is_int(index) or not isinstance(block, dict) or not isinstance(block.get("type"), str):
+        if not is_int(index) or not isinstance(block, dict) or not isinstance(block.get("type"), str):
             return self._bad(event, f"content_block_start without an index and a typed block: {obj!r:.120}")
         if index in self._slots:
             return self._bad(event, f"content_block_start for index {index} twice")
@@ -216,11 +216,11 @@ class MessagesRound:
         return out
 
 
-def _is_int(value: Any) -> TypeGuard[int]:
+def is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _event_name(event: bytes) -> str | None:
+def event_name(event: bytes) -> str | None:
     for line in event.splitlines():
         if line.startswith(b"event:"):
             return line[6:].strip().decode("utf-8", "replace")
@@ -313,7 +313,7 @@ def add_usage(total: dict[str, Any] | None, usage: dict[str, Any] | None) -> dic
         return copy.deepcopy(usage)
     for key, value in usage.items():
         have = total.get(key)
-        if _is_int(value) and _is_int(have):
+        if is_int(value) and is_int(have):
             total[key] = have + value
         elif isinstance(value, dict) and isinstance(have, dict):
             add_usage(have, value)

@@ -68,14 +68,9 @@ class ResponsesFormat:
         return round_stream.stream(rc, first, ResponsesFramer(rc.decoded))
 
     def read_answer(self, payload: bytes) -> tuple[dict[str, Any] | None, str]:
-        try:
-            data = orjson.loads(payload)
-        except orjson.JSONDecodeError as exc:
-            return None, f"not JSON: {exc}"
-        if not isinstance(data, dict):
-            return None, f"a JSON {type(data).__name__}, not an object"
-        if data.get("error"):
-            return None, f"an error object: {faults.error_message(data['error'])}"
+        data, problem = faults.answer_object(payload)
+        if data is None:
+            return None, problem
         output = data.get("output")
         if not isinstance(output, list) or not all(isinstance(i, dict) for i in output):
             return None, "output is not a list of items"

@@ -20,12 +20,12 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeGuard
+from typing import Any
 
 import orjson
 
 from proxy.sse import DONE, event_data
-from proxy.wire.messages_stream import add_usage
+from proxy.wire.messages_stream import add_usage, event_name, is_int, sse
 
 __all__ = ["ResponsesRound", "add_usage", "error_event", "final_events", "is_whole", "sse"]
 
@@ -146,7 +146,7 @@ class ResponsesRound:
             return self._bad(event, f"data is not JSON: {data[:120]!r}")
         if not isinstance(obj, dict):
             return self._bad(event, f"a JSON {type(obj).__name__}, not an object: {data[:120]!r}")
-        name = _event_name(event)
+        name = event_name(event)
         kind = obj["type"] if isinstance(obj.get("type"), str) else name or ""
         if kind == "error" or name == "error":
             if self.error is None:
@@ -159,7 +159,7 @@ class ResponsesRound:
         if "output_index" not in obj:
             return self._out(event, obj)  # events this proxy does not know, about no item: relayed
         index = obj["output_index"]
-        if not _is_int(index) or index not in self._slots:
+        if not is_int(index) or index not in self._slots:
             return self._bad(event, f"{kind} for an item that was not added: {data[:120]!r}")
         slot = self._slots[index]
         problem = _apply(slot, kind, obj)
@@ -213,7 +213,7 @@ class ResponsesRound:
 
     def _added(self, event: bytes, obj: dict[str, Any]) -> bytes | None:
         index, item = obj.get("output_index"), obj.get("item")
-        if not _is_int(index) or not isinstance(item, dict) or not isinstance(item.get("type"), str):
+        if not is_int(index) or not isinstance(item, dict) or not isinstance(item.get("type"), str):
             return self._bad(event, f"output_item.added without an output_index and a typed item: "
                                     f"{obj!r:.120}")
         if index in self._slots:
@@ -248,28 +248,12 @@ class ResponsesRound:
         return out
 
 
-def _is_int(value: Any) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _str(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
 def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
-
-
-def _event_name(event: bytes) -> str | None:
-    for line in event.splitlines():
-        if line.startswith(b"event:"):
-            return line[6:].strip().decode("utf-8", "replace")
-    return None
-
-
-def sse(obj: dict[str, Any]) -> bytes:
-    """One named event: `event: <type>` then the payload as one `data:` line."""
-    return b"event: " + str(obj.get("type")).encode() + b"\ndata: " + orjson.dumps(obj) + END
 
 
 def _apply(slot: _Slot, kind: str, obj: dict[str, Any]) -> str | None:
@@ -284,7 +268,7 @@ def _apply(slot: _Slot, kind: str, obj: dict[str, Any]) -> str | None:
         key, at = PARTS[kind]
         parts, part, where = item.setdefault(key, []), obj.get("part"), obj.get(at)
         if isinstance(parts, list) and isinstance(part, dict):
-            if _is_int(where) and 0 <= where < len(parts):
+            if is_int(where) and 0 <= where < len(parts):
                 parts[where] = copy.deepcopy(part)
             else:
                 parts.append(copy.deepcopy(part))
@@ -294,7 +278,7 @@ def _apply(slot: _Slot, kind: str, obj: dict[str, Any]) -> str | None:
         target: Any = item
         if listed is not None:
             parts, where = item.get(listed), obj.get(str(at_field))
-            target = parts[where] if isinstance(parts, list) and _is_int(where) and 0 <= where < len(parts) \
+            target = parts[where] if isinstance(parts, list) and is_int(where) and 0 <= where < len(parts) \
                 else None
         if isinstance(target, dict) and isinstance(value, str):
             target[name] = _str(target.get(name)) + value if source == "delta" else value

@@ -40,7 +40,7 @@ def internal(call_id: str = "call_int") -> dict:
 
 def exchanges(proxy) -> list[dict]:
     proxy.flush()
-    return list(proxy.state.archive._db.query("select * from exchanges order by rowid"))
+    return list(proxy.query("select * from exchanges order by rowid"))
 
 
 def test_plain_answer_headers_and_archive(proxy, fake_upstream):
