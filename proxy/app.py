@@ -106,6 +106,8 @@ async def converse(request: Request, wire: WireFormat) -> Response:
     upstream = state.upstreams[wire.name]
     if (window := wire.window(request.headers)) is not None:
         policy = policy.with_window(window)
+    if wire.name == MESSAGES.name:  # summarizer models are called on the OpenAI-compatible upstream with
+        policy = policy.without_models()  # the client's key: an Anthropic key never goes to another provider
     if decoded.native_state:  # the provider holds the history (previous_response_id): never break a chain
         policy = policy.leaving_context_to_provider()
     elif decoded.native_context:  # never both managing one span: the policy says whose it is

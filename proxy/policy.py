@@ -167,6 +167,18 @@ class LoadedPolicy:
         budget = self.policy.budget.model_copy(update={"max_input_tokens": tokens})
         return dataclasses.replace(self, policy=self.policy.model_copy(update={"budget": budget}))
 
+    def without_models(self) -> LoadedPolicy:
+        """This policy with every summarizer model off (deterministic summaries, headlines and folding)."""
+        policy = self.policy
+        if not (policy.tool_results.summarizer_model or policy.summary.summarizer_model
+                or policy.folded.summarizer_model):
+            return self
+        off = {"summarizer_model": None}
+        return dataclasses.replace(self, policy=policy.model_copy(update={
+            "tool_results": policy.tool_results.model_copy(update=off),
+            "summary": policy.summary.model_copy(update=off),
+            "folded": policy.folded.model_copy(update=off)}))
+
     def leaving_context_to_provider(self) -> LoadedPolicy:
         """This policy with every layer that rewrites the conversation off (the provider manages it)."""
         off = {"enabled": False}

@@ -307,3 +307,18 @@ def test_openai_routes_answer_in_openai_shape_whatever_headers_come(proxy, fake_
     response = httpx.post(f"{proxy.url}{route}", content=b"{", headers={
         "x-api-key": "k", "anthropic-version": "2023-06-01"})
     assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_an_anthropic_key_never_goes_to_the_summarizer_models_upstream(make_proxy, fake_upstream):
+    """Summarizer models are called on the OpenAI-compatible upstream with the client's credentials: for
+    an Anthropic client the policy's models are off (deterministic summaries and folding instead)."""
+    proxy = make_proxy()
+    (proxy.policies_dir / "models.yaml").write_text(
+        "tool_results: {summarizer_model: gpt-4o-mini}\nsummary: {summarizer_model: gpt-4o-mini}\n"
+        "folded: {enabled: true, summarizer_model: gpt-4o-mini}\n")
+    fake_upstream.then(Step(blocks=[text("ok")]))
+    proxy.anthropic(api_key="sk-ant-secret", policy="models").messages.create(
+        model=MODEL, max_tokens=5, system=SYSTEM, tools=TOOLS, messages=history())
+    assert fake_upstream.chat_requests == []  # no model call went to the OpenAI-compatible route
+    summary = fake_upstream.messages_requests[0].json()["messages"][2]["content"][0]["content"]
+    assert "read_tool_result" in summary  # a deterministic summary took its place
