@@ -89,7 +89,7 @@ class ResponsesFormat:
     def keep_calls(self, data: dict[str, Any], client_calls: list[dict[str, Any]], note: str | None) -> None:
         data["output"] = visible(data["output"])
         if not client_calls and note and not any(i.get("type") == "message" for i in data["output"]):
-            data["output"].append(_message_item(note))
+            data["output"].append(message_item(note))
 
     def usage(self, data: dict[str, Any]) -> dict[str, Any] | None:
         usage = data.get("usage")
@@ -118,23 +118,26 @@ class ResponsesFormat:
 
     def command_stream(self, text: str, model: str) -> list[bytes]:
         final = _response(text, model)
-        item = final["output"][0]
         started = {**final, "status": "in_progress", "output": []}
-        part = item["content"][0]
-        at = {"item_id": item["id"], "output_index": 0, "content_index": 0}
-        events: list[dict[str, Any]] = [
-            {"type": "response.created", "response": started},
-            {"type": "response.output_item.added", "output_index": 0, "item": {**item, "content": []}},
+        events = [{"type": "response.created", "response": started},
+                  *text_item_events(final["output"][0], 0), {"type": "response.completed", "response": final}]
+        return [sse_event(event | {"sequence_number": n}) for n, event in enumerate(events)]
+
+
+def text_item_events(item: dict[str, Any], index: int) -> list[dict[str, Any]]:
+    """The events that stream one message item of one output_text part (no sequence numbers)."""
+    part = item["content"][0]
+    text = part["text"]
+    at = {"item_id": item["id"], "output_index": index, "content_index": 0}
+    return [{"type": "response.output_item.added", "output_index": index, "item": {**item, "content": []}},
             {"type": "response.content_part.added", **at, "part": {**part, "text": ""}},
             {"type": "response.output_text.delta", **at, "delta": text},
             {"type": "response.output_text.done", **at, "text": text},
             {"type": "response.content_part.done", **at, "part": part},
-            {"type": "response.output_item.done", "output_index": 0, "item": item},
-            {"type": "response.completed", "response": final}]
-        return [sse_event(event | {"sequence_number": n}) for n, event in enumerate(events)]
+            {"type": "response.output_item.done", "output_index": index, "item": item}]
 
 
-def _message_item(text: str) -> dict[str, Any]:
+def message_item(text: str) -> dict[str, Any]:
     return {"type": "message", "id": f"msg_ctxproxy_{uuid.uuid4().hex[:24]}", "role": "assistant",
             "status": "completed", "content": [{"type": "output_text", "text": text, "annotations": []}]}
 
@@ -142,7 +145,7 @@ def _message_item(text: str) -> dict[str, Any]:
 def _response(text: str, model: str) -> dict[str, Any]:
     return {"id": f"resp_ctxproxy_{uuid.uuid4().hex[:24]}", "object": "response",
             "created_at": int(time.time()), "status": "completed", "model": model,
-            "output": [_message_item(text)], "usage": {"input_tokens": 0, "output_tokens": 0,
+            "output": [message_item(text)], "usage": {"input_tokens": 0, "output_tokens": 0,
                                                        "total_tokens": 0}}
 
 

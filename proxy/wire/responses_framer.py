@@ -18,10 +18,12 @@ from proxy import faults
 from proxy.archive import ExchangeRecord
 from proxy.archive_traffic import INTERNAL_NAMES
 from proxy.errors import CtxProxyError
+from proxy.rounds import stopped_note
 from proxy.wire import Decoded, Turn
 from proxy.wire.framing import EventFramer
 from proxy.wire.responses import neutral_call
-from proxy.wire.responses_stream import ResponsesRound, add_usage, error_event, final_events, is_whole
+from proxy.wire.responses_format import message_item, text_item_events
+from proxy.wire.responses_stream import ResponsesRound, add_usage, error_event, final_events, is_whole, sse
 
 
 def is_internal(name: str) -> bool:
@@ -70,10 +72,18 @@ class ResponsesFramer(EventFramer):
 
     def finish(self, client_calls: list[dict[str, Any]], dropped_internal: bool, limit: int) -> list[bytes]:
         out: list[bytes] = []
+        sequence = self.round.sequence
         if client_calls:
             out.extend(self.round.release([str(c.get("id")) for c in client_calls], self.items_sent))
             self.shown.extend(_released(self.round, client_calls))
-        return [*out, *final_events(self.round.response, self.shown, self.usage, self.round.sequence,
+            sequence = self.round.sequence
+        elif dropped_internal and not any(i.get("type") == "message" for i in self.shown):
+            item = message_item(stopped_note(limit))
+            events = text_item_events(item, self.items_sent)
+            out += [sse(event | {"sequence_number": sequence + n}) for n, event in enumerate(events)]
+            sequence += len(events)
+            self.shown.append(item)
+        return [*out, *final_events(self.round.response, self.shown, self.usage, sequence,
                                     is_internal=is_internal)]
 
     def failed_round(self, body: bytes, status: int) -> tuple[bytes, str]:

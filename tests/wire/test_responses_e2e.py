@@ -218,3 +218,21 @@ def test_custom_tool_calls_reach_the_client(proxy, fake_upstream):
     with proxy.client().responses.stream(model=MODEL, input=history(), tools=tools) as stream:
         final = stream.get_final_response()
     assert [i.type for i in final.output] == ["custom_tool_call"] and final.output[0].input == patch
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_rounds_that_run_out_say_so(make_proxy, fake_upstream, stream):
+    proxy = make_proxy()
+    (proxy.policies_dir / "one.yaml").write_text("tool_results: {max_internal_rounds: 1}\n")
+    again = Step(kind="stream", items=[internal("call_2")]) if stream else Step(items=[internal("call_2")])
+    first = Step(kind="stream", items=[internal()]) if stream else Step(items=[internal()])
+    fake_upstream.then(first, again)
+    client = proxy.client(base_url=f"{proxy.url}/p/one/v1")
+    kwargs = {"model": MODEL, "input": history(), "tools": TOOLS}
+    if stream:
+        with client.responses.stream(**kwargs) as events:
+            result = events.get_final_response()
+    else:
+        result = client.responses.create(**kwargs)
+    assert "stopped after 1 read_tool_result rounds" in result.output_text
+    assert all(i.type != "function_call" for i in result.output)
