@@ -29,12 +29,10 @@ from proxy.app import rewrite
 from proxy.errors import ContextLengthExceeded
 from proxy.policy import LoadedPolicy
 from proxy.replay import (
-    CACHED_PRICE,
     Cache,
     Totals,
     _check_recoverable,
     bare_model,
-    pairing_errors,
     read_conversations,
     request_points,
 )
@@ -171,17 +169,8 @@ def replay_conversation(conversation: dict[str, Any], policy: LoadedPolicy, toke
             continue
         raw = tokens.request(decoded.messages, decoded.tools, model)
         raw_cached = raw_cache.cached(decoded.messages, decoded.tools)
-        totals.gates[outcome.gate] += 1
-        cached = forwarded_cache.cached(outcome.messages, outcome.tools)
-        totals.raw_tokens += raw
-        totals.forwarded_tokens += outcome.tokens_after
-        totals.forwarded_cached += cached
-        totals.raw_cost += raw_cached * CACHED_PRICE + (raw - raw_cached)
-        totals.forwarded_cost += cached * CACHED_PRICE + (outcome.tokens_after - cached)
-        if outcome.window and outcome.tokens_after > outcome.window:
-            totals.over_budget += 1
-        if pairing_errors(outcome.messages) != pairing_errors(decoded.messages):
-            totals.pairing_errors += 1
+        totals.account(decoded.messages, raw, raw_cached, outcome,
+                       forwarded_cache.cached(outcome.messages, outcome.tools))
         totals.codec_checked += 1
         if broken:
             totals.codec_violations += 1

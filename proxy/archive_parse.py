@@ -41,6 +41,19 @@ def _kind(value: Any) -> str:
             float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
 
 
+NOT_JSON = object()
+
+
+def response_json(record: ExchangeRecord, parsed: ParsedResponse) -> Any:
+    """A non-streamed answer's JSON, or NOT_JSON with the problem named in `parsed`."""
+    raw = record.response_body or b""
+    try:
+        return loads(raw)
+    except ValueError as exc:
+        parsed.problems.append(f"the response body ({len(raw)} bytes) is not JSON: {exc}")
+        return NOT_JSON
+
+
 def parse_response(record: ExchangeRecord) -> ParsedResponse:
     """The answer of a 2xx exchange, whatever shape it came in: what can be read, plus what could not."""
     if record.route == "messages":
@@ -62,11 +75,8 @@ def parse_response(record: ExchangeRecord) -> ParsedResponse:
         _check_usage(parsed)
         return parsed
     parsed = ParsedResponse()
-    raw = record.response_body or b""
-    try:
-        body = loads(raw)
-    except ValueError as exc:
-        parsed.problems.append(f"the response body ({len(raw)} bytes) is not JSON: {exc}")
+    body = response_json(record, parsed)
+    if body is NOT_JSON:
         return parsed
     if not isinstance(body, dict):
         parsed.problems.append(f"the response JSON is {_kind(body)}, not an object")

@@ -45,6 +45,20 @@ class Totals:
     gates: Counter[str] = field(default_factory=Counter)
     pipeline_ms: list[float] = field(default_factory=list)
 
+    def account(self, sent: list[dict[str, Any]], raw: int, raw_cached: int, outcome: pipeline.Outcome,
+                cached: int) -> None:
+        """One forwarded request: tokens and cost beside the unmodified request's, gate, budget, pairing."""
+        self.gates[outcome.gate] += 1
+        self.raw_tokens += raw
+        self.forwarded_tokens += outcome.tokens_after
+        self.forwarded_cached += cached
+        self.raw_cost += raw_cached * CACHED_PRICE + (raw - raw_cached)
+        self.forwarded_cost += cached * CACHED_PRICE + (outcome.tokens_after - cached)
+        if outcome.window and outcome.tokens_after > outcome.window:
+            self.over_budget += 1
+        if pairing_errors(outcome.messages) != pairing_errors(sent):
+            self.pairing_errors += 1
+
     def add(self, other: Totals) -> None:
         for name in ("requests", "conversations", "raw_tokens", "forwarded_tokens", "forwarded_cached",
                      "raw_cost", "forwarded_cost", "replaced", "recovered", "over_budget", "refused",
@@ -176,17 +190,8 @@ def replay_conversation(conversation: dict[str, Any], policy: LoadedPolicy, toke
             forwarded_cache.previous = None
             continue
         totals.pipeline_ms.append((time.perf_counter() - started) * 1000)
-        totals.gates[outcome.gate] += 1
         cached = forwarded_cache.cached(outcome.messages, outcome.tools)
-        totals.raw_tokens += raw
-        totals.forwarded_tokens += outcome.tokens_after
-        totals.forwarded_cached += cached
-        totals.raw_cost += raw_cached * CACHED_PRICE + (raw - raw_cached)
-        totals.forwarded_cost += cached * CACHED_PRICE + (outcome.tokens_after - cached)
-        if outcome.window and outcome.tokens_after > outcome.window:
-            totals.over_budget += 1
-        if pairing_errors(outcome.messages) != pairing_errors(prefix):
-            totals.pairing_errors += 1
+        totals.account(prefix, raw, raw_cached, outcome, cached)
         _check_recoverable(store, session.id, checked, totals)
     return totals
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from proxy.archive_codec import loads
-from proxy.archive_parse import ParsedResponse, integer
+from proxy.archive_parse import NOT_JSON, ParsedResponse, integer, response_json
 from proxy.sse import EventSplitter
 from proxy.wire.messages import block_text, neutral_call
 from proxy.wire.messages_stream import MessagesRound
@@ -53,11 +52,8 @@ def parse_messages_response(record: ExchangeRecord) -> ParsedResponse:
         parsed.message, parsed.finish_reason = assistant(round_.blocks), round_.stop_reason
         usage = round_.usage
     else:
-        raw = record.response_body or b""
-        try:
-            body = loads(raw)
-        except ValueError as exc:
-            parsed.problems.append(f"the response body ({len(raw)} bytes) is not JSON: {exc}")
+        body = response_json(record, parsed)
+        if body is NOT_JSON:
             return parsed
         if not isinstance(body, dict) or not isinstance(body.get("content"), list):
             parsed.problems.append("the response is not a message object with a content list")

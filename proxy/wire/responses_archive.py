@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from proxy.archive_codec import loads
-from proxy.archive_parse import ParsedResponse, integer
+from proxy.archive_parse import NOT_JSON, ParsedResponse, integer, response_json
 from proxy.sse import iter_data
 from proxy.wire.responses import neutral_call, text_of
 
@@ -56,11 +56,8 @@ def parse_responses_response(record: ExchangeRecord) -> ParsedResponse:
             parsed.problems.append("the stream carried no response.completed")
             return parsed
     else:
-        raw = record.response_body or b""
-        try:
-            body = loads(raw)
-        except ValueError as exc:
-            parsed.problems.append(f"the response body ({len(raw)} bytes) is not JSON: {exc}")
+        body = response_json(record, parsed)
+        if body is NOT_JSON:
             return parsed
     if not isinstance(body, dict) or not isinstance(body.get("output"), list):
         parsed.problems.append("the response is not a response object with an output list")
