@@ -109,11 +109,16 @@ def _run(conversation: Conversation, context: PipelineContext, state: SessionSta
                                tools_tokens=tokens.tools(conversation.tools, model),
                                prepared=context.prepared, observations=observations, force=force)
 
+    offered_before = state.internal_tools_offered
     messages = layer_one(original)
+    # Offering our tools changes the tools list, which leads the prompt: what an earlier request of the
+    # session had cached is billed again.
+    breaking = (can_offer_tools and state.history_len > 0 and state.internal_tools_offered
+                and not offered_before)
     evicted: list[Evicted] = []
     if policy.window.enabled and can_offer_tools:
         original, messages, evicted = slide_window(original, messages, state, context, conversation,
-                                                   observations)
+                                                   observations, breaking)
         if evicted and state.pending:  # the batch re-bills the prefix anyway: waiting summaries go now
             messages = layer_one(original, force=True)  # (masks, earlier summaries re-applied as recorded)
     if evicted and policy.folded.enabled and not policy.folded.summarizer_model:
@@ -144,17 +149,22 @@ def _run(conversation: Conversation, context: PipelineContext, state: SessionSta
 
 
 def slide_window(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state: SessionState,
-                 context: PipelineContext, conversation: Conversation,
-                 observations: Observations) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
-                                                      list[Evicted]]:
+                 context: PipelineContext, conversation: Conversation, observations: Observations,
+                 breaking: bool = False) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Evicted]]:
     """Layer 3: over the window's budget, mask old results first (placeholders naming their handles,
     the conversation itself stays); if that alone cannot reach the low-water mark, mask all that may be
     and evict whole exchanges in the same request (see masking_target). One batch at a time, so the
-    cached prefix survives between batches."""
+    cached prefix survives between batches.
+
+    A request that re-bills the prompt anyway (`breaking`: our tools are offered for the first time; or
+    this batch masks) makes its batch from three quarters of the way from the low-water mark to the
+    budget on, and goes down to the low-water mark: the break at hand pays for the batch, and the next
+    break is a batch away instead of a turn or two."""
     policy, tokens, model = context.policy.policy, context.tokens, conversation.model
     budget_tokens = policy.window.max_tokens or math.floor(
         policy.window.max_pct * budget.window_for(policy, model))
     low_water = math.floor(policy.window.low_water_pct * budget_tokens)
+    early = low_water + (budget_tokens - low_water) * 3 // 4  # a batch from here when the cache breaks anyway
     summary_tokens = min(policy.summary.max_tokens, budget_tokens * 15 // 100)
     internal = with_internal_tools(None, read=True, recall=True) or []
     fixed = tokens.tools([*(conversation.tools or []), *internal], model) + state.injected_tokens
@@ -175,15 +185,19 @@ def slide_window(original: list[dict[str, Any]], forwarded: list[dict[str, Any]]
     view = window.kept_view(original, cut, observed)
     block = state.window.block_tokens if state.window.block else 0
     total = fixed + block + sum(count(forwarded[i]) for i in view)
-    if total > budget_tokens and policy.tool_results.enabled:
+    batch_above = early if breaking else None
+    if total > (batch_above or budget_tokens) and policy.tool_results.enabled:
         start = max(cut or 0, window.head_end(original))  # what the cut removes needs no mask
         savings = maskable(original, forwarded, state, count, keep_recent, start=start,
                            observations=observations)
         target = masking_target(forwarded, savings, cut, total, count, budget_tokens, low_water,
-                                summary_tokens, fixed + block, observed, keep_from, limit)
+                                summary_tokens, fixed + block, observed, keep_from, limit, batch_above)
         if target is not None:
-            forwarded, total = prune(original, forwarded, state, context.store, count, total, target,
-                                     keep_recent, start=start, observations=observations)
+            forwarded, masked = prune(original, forwarded, state, context.store, count, total, target,
+                                      keep_recent, start=start, observations=observations)
+            if masked < total:  # a break: masking all (target 0) means evicting to the low-water mark too
+                batch_above = low_water if target == 0 else early
+            total = masked
 
     def keep(start: int, stop: int) -> dict[int, str]:
         return keep_evicted(original, start, stop, found, state, context.store)
@@ -192,7 +206,7 @@ def slide_window(original: list[dict[str, Any]], forwarded: list[dict[str, Any]]
         original, forwarded, state, count, lambda t: tokens.text(t, model),
         budget_tokens=budget_tokens, low_water_tokens=low_water, summary_tokens=summary_tokens,
         summary=policy.summary.enabled, fixed_tokens=fixed, now=context.now(), observed=observed,
-        keep_from=keep_from, keep=keep, limit_tokens=limit)
+        keep_from=keep_from, keep=keep, limit_tokens=limit, batch_above=batch_above)
     if evicted:
         context.store.save_window(state)
     return original, forwarded, evicted
@@ -201,14 +215,17 @@ def slide_window(original: list[dict[str, Any]], forwarded: list[dict[str, Any]]
 def masking_target(forwarded: list[dict[str, Any]], savings: dict[int, int], cut: int | None, total: int,
                    count: Callable[[dict[str, Any]], int], budget_tokens: int,
                    low_water: int, summary_tokens: int, fixed: int, observed: frozenset[int],
-                   keep_from: int | None, limit: int | None) -> int | None:
+                   keep_from: int | None, limit: int | None, batch_above: int | None = None) -> int | None:
     """How far to mask now, or None. Masking keeps the conversation (every assistant and user message)
     and breaks the cache only from the first masked result on. If it alone reaches the low-water mark,
     mask down to it; else mask all it may and evict in the same request (one cache break; the batch
     then evicts fewer exchanges, since those it keeps are masked) — unless the two together would free
-    less than half a batch while the history is below where the gate prunes: a cache break for little."""
+    less than half a batch while the history is below where the gate prunes: a cache break for little
+    (when the cache breaks anyway, `batch_above` is set and that rule does not apply)."""
     if total - sum(savings.values()) <= low_water:
         return low_water
+    if batch_above is not None:
+        return 0
     masked = {id(forwarded[i]): count(forwarded[i]) - saving for i, saving in savings.items()}
 
     def count_masked(message: dict[str, Any]) -> int:

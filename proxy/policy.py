@@ -78,7 +78,7 @@ class WindowPolicy(_Section):
     enabled: bool = True
     max_tokens: int | None = Field(None, gt=0)  # the window's budget; null: max_pct of the model window
     max_pct: float = Field(0.75, gt=0.0, le=1.0)
-    low_water_pct: float = Field(0.50, gt=0.0, lt=1.0)  # evict in one batch down to this share of it
+    low_water_pct: float = Field(0.70, gt=0.0, lt=1.0)  # evict in one batch down to this share of it
     recall_results: int = Field(8, ge=1, le=50)
     # A request that asks the provider to manage context itself (Anthropic `context_management` edits):
     # provider — ours stays off for it (no replacement, masking, eviction or gate; archive and blocks

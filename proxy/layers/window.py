@@ -97,7 +97,8 @@ def anchor_for(messages: list[dict[str, Any]], head: int, cut: int,
 
 def choose_cut(messages: list[dict[str, Any]], count: Count, previous_cut: int | None, fixed_tokens: int,
                budget_tokens: int, low_water_tokens: int, observed: Indexes = frozenset(),
-               keep_from: int | None = None, limit_tokens: int | None = None) -> Eviction:
+               keep_from: int | None = None, limit_tokens: int | None = None,
+               batch_above: int | None = None) -> Eviction:
     """Keep the previous cut while the history fits; else evict one batch down to the low-water mark.
 
     Whole exchanges go first. Only if the exchange in progress alone is still over the budget (long
@@ -105,6 +106,8 @@ def choose_cut(messages: list[dict[str, Any]], count: Count, previous_cut: int |
     `fixed_tokens` is what is forwarded besides the messages (tools, injected blocks); nothing from
     `keep_from` on (the turns holding the newest results) is evicted. A batch that would free little is
     not made while the history is under `limit_tokens` (where the budget gate starts pruning).
+    `batch_above`: the cache breaks in this request anyway, so a batch is made from this level on (and
+    however little it frees).
     """
     head = head_end(messages)
     cut = previous_cut if previous_cut is not None and head <= previous_cut <= len(messages) else head
@@ -118,8 +121,9 @@ def choose_cut(messages: list[dict[str, Any]], count: Count, previous_cut: int |
         anchor = anchor_for(messages, head, at, observed)
         return base + suffix[at] + (count(messages[anchor]) if anchor is not None else 0)
 
+    trigger = budget_tokens if batch_above is None else min(batch_above, budget_tokens)
     kept = before = kept_tokens(cut)
-    if kept <= budget_tokens:
+    if kept <= trigger:
         return Eviction(head, cut, cut)
     protect_from = in_progress_start(messages, head, observed)
     limit = len(messages) if keep_from is None else keep_from
@@ -132,14 +136,15 @@ def choose_cut(messages: list[dict[str, Any]], count: Count, previous_cut: int |
     # Still over: older turns of the exchange in progress go too (its user message stays); the newest
     # results only when keeping them would take the history where the gate refuses.
     last_turns = [min(in_progress_turn(messages, head), limit), in_progress_turn(messages, head)]
-    for last_turn, allowed in zip(last_turns, [budget_tokens, limit_tokens or budget_tokens], strict=True):
+    for last_turn, allowed in zip(last_turns, [trigger, limit_tokens or budget_tokens], strict=True):
         if kept <= allowed:
             break
         for candidate in [c for c in valid_cuts(messages, best, last_turn) if best < c <= last_turn]:
             best, kept = candidate, kept_tokens(candidate)
             if kept <= low_water_tokens:
                 break
-    if before <= (limit_tokens or budget_tokens) and before - kept < (budget_tokens - low_water_tokens) // 2:
+    if batch_above is None and before <= (limit_tokens or budget_tokens) \
+            and before - kept < (budget_tokens - low_water_tokens) // 2:
         # What may go (not the head, not the newest results) frees less than half a batch: a cache break
         # for little, and another one soon. The budget gate prunes or refuses nearer the real window.
         return Eviction(head, cut, cut)
@@ -204,7 +209,7 @@ def slide(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state
           count: Count, count_text: Callable[[str], int], *, budget_tokens: int, low_water_tokens: int,
           summary_tokens: int, summary: bool, fixed_tokens: int, now: float,
           observed: Indexes = frozenset(), keep_from: int | None = None,
-          keep: Keep | None = None, limit_tokens: int | None = None,
+          keep: Keep | None = None, limit_tokens: int | None = None, batch_above: int | None = None,
           ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Evicted]]:
     """Apply the sticky cut (evicting a new batch if needed) to both index-aligned lists.
 
@@ -216,7 +221,8 @@ def slide(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state
     previous = sticky_cut(original, state, count_text, now)
     block_tokens = window.block_tokens if window.block else 0
     eviction = choose_cut(forwarded, count, previous, fixed_tokens + block_tokens, budget_tokens,
-                          max(0, low_water_tokens - summary_tokens), observed, keep_from, limit_tokens)
+                          max(0, low_water_tokens - summary_tokens), observed, keep_from, limit_tokens,
+                          batch_above)
     evicted_now: list[Evicted] = []
     if eviction.cut > eviction.new_from:
         for start, stop in exchanges(original, eviction.new_from, eviction.cut, observed):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import orjson
 
 from proxy import pipeline
@@ -205,3 +207,28 @@ def test_the_task_after_a_greeting_exchange_is_part_of_the_head():
     command = [{**m} for m in greeting]
     command[2]["content"] = "```bash\nls\n```"
     assert task_end(command) == 2
+
+
+def test_a_cache_break_carries_the_whole_batch():
+    """Offering our tools or masking re-bills the prompt; the window makes its batch in that same request
+    (down to the low-water mark), so the next break is a batch away, not one turn later."""
+    store = StateStore()
+    policy = {"tool_results": {"threshold_tokens": 100_000, "keep_recent": 3},
+              "budget": {"max_input_tokens": 16_000}, "window": {"low_water_pct": 0.5}}  # 12k budget, 6k low
+    history = [{"role": "system", "content": "You run one bash command per turn."},
+               {"role": "user", "content": "<pr_description>Fix W042</pr_description>"}]
+    previous: pipeline.Outcome | None = None
+    breaks: list[int] = []
+    for turn in range(40):
+        reasoning = f"THOUGHT: pkg{turn} " + "the model reasons at length about the code " * 40
+        history += [{"role": "assistant", "content": f"{reasoning}\n```bash\nls -la src/pkg{turn}\n```"},
+                    {"role": "user", "content": f"<returncode>0</returncode>\n<output>\n{listing(12, turn)}"
+                                                "\n</output>"}]
+        outcome = run(list(history), policy, store)
+        if previous is not None and (outcome.tools != previous.tools or
+                                     outcome.messages[:len(previous.messages)] != previous.messages):
+            breaks.append(turn)
+            assert outcome.tokens_after <= 6_000, "a break goes down to the low-water mark"
+        previous = outcome
+    assert len(breaks) >= 2
+    assert min(b - a for a, b in itertools.pairwise(breaks)) >= 5

@@ -42,7 +42,7 @@ def breakpoints(body: dict) -> list[tuple[str, int]]:
 
 
 def test_layers_act_on_claude_codes_request_and_keep_what_must_stay(make_proxy, fake_upstream):
-    proxy = coding_proxy(make_proxy, 16000)
+    proxy = coding_proxy(make_proxy, 24000)
     source = orjson.loads(FIXTURE.read_bytes())
     fake_upstream.then(Step(kind="stream", chunks=message_stream([text("Fixed.")])))
     response = send(proxy, source)
@@ -71,7 +71,7 @@ def test_layers_act_on_claude_codes_request_and_keep_what_must_stay(make_proxy, 
 
 
 def test_replacements_are_sticky_from_one_turn_to_the_next(make_proxy, fake_upstream):
-    proxy = coding_proxy(make_proxy, 16000)
+    proxy = coding_proxy(make_proxy, 24000)
     first = orjson.loads(FIXTURE.read_bytes())
     fake_upstream.then(Step(kind="stream", chunks=message_stream([text("Running it.")])),
                        Step(kind="stream", chunks=message_stream([text("Done.")])))
