@@ -1,18 +1,24 @@
+# Build a wheel (it carries policies/ and config.example.yaml as package data), then install only it.
+FROM python:3.11-slim AS build
+WORKDIR /src
+COPY pyproject.toml setup.py MANIFEST.in README.md config.example.yaml ./
+COPY policies ./policies
+COPY proxy ./proxy
+RUN pip wheel --no-cache-dir --no-deps -w /wheels .
+
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     LITELLM_LOCAL_MODEL_COST_MAP=True
 
-WORKDIR /app
-COPY pyproject.toml README.md ./
-COPY proxy ./proxy
-RUN pip install --no-cache-dir . \
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels \
     && useradd --create-home --uid 10001 ctxproxy \
     && mkdir -p /data && chown ctxproxy /data
-COPY policies ./policies
-COPY config.example.yaml ./config.yaml
-RUN sed -i 's|^data_dir: .*|data_dir: /data|; s|^policies_dir: .*|policies_dir: /app/policies|' config.yaml
+# config.yaml and policies/ from the installed package; mount your own over either to change them.
+WORKDIR /app
+RUN ctxproxy init /app && sed -i 's|^data_dir: .*|data_dir: /data|' config.yaml
 
 USER ctxproxy
 VOLUME ["/data"]

@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from proxy import shipped
 from proxy.config import describe_validation_error, read_yaml_mapping
 from proxy.errors import BadRequest, ConfigError, NotFound
 from proxy.tokens import TokenCounter
@@ -228,11 +229,12 @@ def _counter() -> TokenCounter:
 class PolicyStore:
     """Finds `<name>.yaml` in the policies folder; re-reads a file when its mtime changes.
 
-    A bad edit keeps the last good version in service and logs why.
+    A bad edit keeps the last good version in service and logs why. No folder (no `policies_dir` in the
+    config): the policies shipped with ctxproxy.
     """
 
     def __init__(self, folder: Path | None) -> None:
-        self.folder = folder
+        self.folder = folder if folder is not None else shipped.policies_dir()
         self._cache: dict[str, tuple[float, LoadedPolicy]] = {}
         self._builtin_default = LoadedPolicy("default", Policy(), None)
 
