@@ -20,10 +20,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from proxy import commands, heavy, model_summary, pipeline, rounds
+from proxy import commands, heavy, model_summary, pipeline, rounds, telemetry
+from proxy.accounting import Pricing
 from proxy.archive import ArchiveWriter, ExchangeRecord, request_params, utc_now
 from proxy.config import Config
 from proxy.errors import ContextLengthExceeded, CtxProxyError
+from proxy.exchange_end import ctxproxy_headers, finish, on_archived, overhead, spend_recorder
 from proxy.internal_tools import ToolContext
 from proxy.metrics import Metrics
 from proxy.offload import off_loop_if_large
@@ -47,6 +49,7 @@ from proxy.routes import (
 from proxy.session import Session, identify
 from proxy.state import SessionState, StateStore
 from proxy.tokens import TokenCounter, model_window
+from proxy.ui import routes as ui_routes
 from proxy.upstream import ClientDisconnected, Upstream, response_headers, unless_disconnected
 from proxy.wire import Decoded, WireFormat
 from proxy.wire.chat import CHAT
@@ -95,6 +98,7 @@ async def responses(request: Request) -> Response:
     return await converse(request, RESPONSES)
 
 
+@telemetry.exchange  # one trace span per client request when telemetry.otlp_endpoint is set
 async def converse(request: Request, wire: WireFormat) -> Response:
     """One client request in any wire format: decode, rewrite, forward (answering our tools), archive."""
     started = time.perf_counter()
@@ -124,6 +128,7 @@ async def converse(request: Request, wire: WireFormat) -> Response:
     context = pipeline.PipelineContext(policy, session, tenant, state.tokens, state.store,
                                        state.config.data_dir / "checkpoints",
                                        pins=lambda: state.pins.list(policy.name, tenant, session.id))
+    model_summary.SPEND.set(spend_recorder(state, policy, session, tenant))  # our model calls are spend
     if policy.policy.tool_results.summarizer_model:  # model summaries are fetched before the pipeline
         pending = await anyio.to_thread.run_sync(pipeline.needs_model_summaries, conversation, context)
         if pending:
@@ -151,12 +156,19 @@ async def converse(request: Request, wire: WireFormat) -> Response:
     rc = rounds_context(state, request, wire, decoded, outcome, context, headers, content)
 
     async def done() -> None:  # the end of a stream (relay.archived awaits it however the stream ends)
-        await finish(state, wire, rc.records, started, policy.name)
+        if sent_at is not None and rc.records and not rc.records[-1].upstream_ms:
+            rc.records[-1].upstream_ms = (time.perf_counter() - sent_at) * 1000  # to the last byte
+        await finish(state, wire, rc.records, started, policy.name, outcome, rc.calls)
+
+    sent_at: float | None = None  # a plain stream: when it was sent (its record is made once it answers)
+    headers_ms = 0.0
 
     try:
         if decoded.stream:
-            response = await unless_disconnected(
-                upstream.open("POST", wire.upstream_path, query, headers, content), request.receive)
+            sent_at = time.perf_counter()
+            response = await unless_disconnected(telemetry.upstream_call(
+                rc, upstream.open("POST", wire.upstream_path, query, headers, content)), request.receive)
+            headers_ms = (time.perf_counter() - sent_at) * 1000
         elif outcome.internal_tools:
             response, payload, rest = await unless_disconnected(rounds.complete(rc), request.receive)
         else:
@@ -167,25 +179,26 @@ async def converse(request: Request, wire: WireFormat) -> Response:
         failed.status = exc.status if isinstance(exc, CtxProxyError) else 499
         failed.error = exc.message if isinstance(exc, CtxProxyError) else "client disconnected"
         rc.records[-1:] = [failed]
-        await finish(state, wire, rc.records, started, policy.name)
+        await finish(state, wire, rc.records, started, policy.name, outcome, rc.calls)
         if isinstance(exc, ClientDisconnected):
             return Response(status_code=499)
-        return Response(wire.error_body(exc), status_code=exc.status, headers=ours,
-                        media_type="application/json")
+        return Response(wire.error_body(exc), status_code=exc.status, media_type="application/json",
+                        headers=ours | overhead(started, sum(r.upstream_ms for r in rc.records)))
 
-    relayed = response_headers(response.headers, keep_length=False) | ours
+    waited = headers_ms if decoded.stream else sum(r.upstream_ms for r in rc.records)
+    relayed = response_headers(response.headers, keep_length=False) | ours | overhead(started, waited)
     if not decoded.stream and rest is not None:  # over upstream.max_response_bytes: relayed, never held
         return StreamingResponse(relay_rest(payload, rest, rc.records[-1], done),
                                  status_code=response.status_code, headers=relayed)
     if not decoded.stream:
-        await finish(state, wire, rc.records, started, policy.name)
+        await finish(state, wire, rc.records, started, policy.name, outcome, rc.calls)
         return Response(payload, status_code=response.status_code, headers=relayed)
     state.metrics.added_seconds.labels(wire.route).observe(time.perf_counter() - started)
     if outcome.internal_tools and response.status_code == 200:
         events = wire.stream_rounds(rc, response)
     else:
         rc.records.append(rc.new_record(outcome.messages, None))
-        rc.records[-1].status = response.status_code
+        rc.records[-1].status, rc.records[-1].upstream_headers_ms = response.status_code, headers_ms
         events = relay_stream(response, rc.records[-1], upstream.max_response_bytes, wire.watch(),
                               wire.error_event)
     return StreamingResponse(archived(events, rc.records, done, wire.done_markers, wire.error_event),
@@ -259,7 +272,7 @@ async def answer_command(state: ProxyState, wire: WireFormat, decoded: Decoded, 
     model = decoded.model or "ctxproxy"
     record = exchange_record(wire, decoded, policy, session, tenant, status=200, gate="command")
     headers = {"x-ctxproxy-session": session.id, "x-ctxproxy-policy": policy.name, "x-ctxproxy-gate": "pass",
-               "x-ctxproxy-command": name}
+               "x-ctxproxy-command": name} | overhead(started, 0.0)
     if record.stream:
         record.response_chunks = wire.command_stream(text, model)
         await finish(state, wire, [record], started, policy.name)
@@ -280,41 +293,9 @@ async def refused(state: ProxyState, wire: WireFormat, decoded: Decoded, policy:
     headers = {"x-ctxproxy-session": session.id, "x-ctxproxy-policy": policy.name,
                "x-ctxproxy-gate": "refuse",
                "x-ctxproxy-tokens-before": str(refusal.extra.get("estimated_tokens", "")),
-               "x-ctxproxy-tokens-after": "0"}
+               "x-ctxproxy-tokens-after": "0"} | overhead(started, 0.0)
     return Response(wire.error_body(refusal), status_code=refusal.status, headers=headers,
                     media_type="application/json")
-
-
-def ctxproxy_headers(session: Session, policy: LoadedPolicy, outcome: pipeline.Outcome) -> dict[str, str]:
-    skipped = outcome.blocks.skipped
-    warning = {"x-ctxproxy-blocks-skipped": ",".join(skipped)} if skipped else {}
-    if outcome.unrewritten:
-        warning["x-ctxproxy-rewrite"] = "refused"  # a proxy bug, logged: the request went as received
-    return warning | {
-        "x-ctxproxy-session": session.id,
-        "x-ctxproxy-policy": policy.name,
-        "x-ctxproxy-gate": outcome.gate,
-        "x-ctxproxy-tokens-before": str(outcome.tokens_before),
-        "x-ctxproxy-tokens-after": str(outcome.tokens_after),
-    }
-
-
-async def finish(state: ProxyState, wire: WireFormat, records: list[ExchangeRecord], started: float,
-                 policy: str) -> None:
-    """Account for the exchange(s) and hand them to the archive. Returns once they are durable (in the
-    archive's spool), so an answered exchange survives a crash; a busy writer makes us wait."""
-    elapsed = time.perf_counter() - started
-    upstream_s = sum(r.upstream_ms for r in records) / 1000
-    if records and not records[0].stream:
-        state.metrics.added_seconds.labels(wire.route).observe(max(0.0, elapsed - upstream_s))
-    for record in records:
-        record.latency_ms = elapsed * 1000
-        state.metrics.upstream_seconds.labels(wire.route).observe(record.upstream_ms / 1000)
-        state.metrics.requests.labels(wire.route, str(record.status), policy).inc()
-    if records and records[0].tokens_before is not None:
-        state.metrics.tokens_before.labels(policy).inc(records[0].tokens_before)
-        state.metrics.tokens_after.labels(policy).inc(records[-1].tokens_after or 0)
-    await anyio.to_thread.run_sync(state.archive.submit_many, records)
 
 
 def warm_up(tokens: TokenCounter, policies: PolicyStore) -> None:
@@ -347,15 +328,18 @@ def build_app(config: Config, *, transport: httpx.AsyncBaseTransport | None = No
         tokens = TokenCounter()
         await anyio.to_thread.run_sync(warm_up, tokens, policies)
         heavy.enable()  # huge texts are tokenized and summarized in a worker process
-        archive = ArchiveWriter(config.data_dir / "archive.db")
+        metrics = Metrics()
+        archive = ArchiveWriter(config.data_dir / "archive.db", pricing=Pricing(config.prices()),
+                                on_exchange=on_archived(metrics))
         reader = ArchiveReader(config.data_dir / "archive.db")
         app.state.proxy = ProxyState(
             config=config, policies=policies,
             upstreams=upstreams(config, transport),
-            archive=archive, tokens=tokens, metrics=Metrics(),
+            archive=archive, tokens=tokens, metrics=metrics,
             store=StateStore(persist=archive.submit, lookup=reader, barrier=archive.flush,
                              budget_bytes=config.server.state_cache_bytes), reader=reader,
             pins=PinStore(config.data_dir / "archive.db", tokens))
+        app.state.telemetry = telemetry.start(config.telemetry)  # None unless telemetry.otlp_endpoint
         try:
             yield
         finally:
@@ -363,6 +347,7 @@ def build_app(config: Config, *, transport: httpx.AsyncBaseTransport | None = No
                 task.cancel()
             for upstream in {id(u): u for u in app.state.proxy.upstreams.values()}.values():
                 await upstream.aclose()
+            await telemetry.stop(app.state.telemetry)  # flushes the spans not exported yet
             heavy.shutdown()
             archive.close()
             reader.close()
@@ -375,6 +360,7 @@ def build_app(config: Config, *, transport: httpx.AsyncBaseTransport | None = No
         Route("/ctxproxy/search", admin_search, methods=["GET"]),
         Route("/ctxproxy/pins", admin_pins, methods=["GET", "POST"]),
         Route("/ctxproxy/pins/{pin_id}", admin_pins, methods=["DELETE"]),
+        *ui_routes(),  # the dashboard, /ctxproxy/ui
         Route("/v1/chat/completions", chat_completions, methods=chat_methods),
         Route("/p/{policy}/v1/chat/completions", chat_completions, methods=chat_methods),
         Route("/v1/responses", responses, methods=chat_methods),

@@ -21,11 +21,12 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from proxy import malloc
+from proxy.accounting import Pricing
 from proxy.archive_codec import dumps, loads, safe_text, serialize
 from proxy.archive_db import (
     CHUNK_CHARS,
@@ -93,7 +94,9 @@ class ArchiveWriter:
     """
 
     def __init__(self, path: Path, *, max_queued_bytes: int = QUEUE_BYTES, retry_for: float = RETRY_FOR,
-                 busy_timeout: float = 30.0, chain_cache_bytes: int = CHAIN_CACHE_BYTES) -> None:
+                 busy_timeout: float = 30.0, chain_cache_bytes: int = CHAIN_CACHE_BYTES,
+                 pricing: Pricing | None = None,
+                 on_exchange: Callable[[list[dict[str, Any]]], None] | None = None) -> None:
         self.path = path
         self.data_dir = path.parent
         self.max_queued_bytes = max_queued_bytes
@@ -103,7 +106,8 @@ class ArchiveWriter:
             self._db = open_database(path, busy_timeout)
             self._conn = self._db.conn
             self._conn.isolation_level = None  # transactions are explicit: BEGIN IMMEDIATE ... COMMIT
-            self._rows = RowWriter(self._conn, chain_cache_bytes)
+            self._rows = RowWriter(self._conn, chain_cache_bytes, pricing)
+            self._on_exchange = on_exchange  # the exchange rows of each commit (logs, metrics): no content
             self._cond = threading.Condition()
             self._queue: deque[_Queued] = deque()
             self._queued_bytes = 0
@@ -131,9 +135,12 @@ class ArchiveWriter:
         """Durable (spooled) when this returns; may block while the writer is behind."""
         self._enqueue(encode_item(item))
 
-    def submit_many(self, items: Iterable[ExchangeRecord | TableRow]) -> None:
-        for payload in [encode_item(item) for item in items]:
+    def submit_many(self, items: Iterable[ExchangeRecord | TableRow]) -> int:
+        """Durable when this returns; the bytes spooled."""
+        payloads = [encode_item(item) for item in items]
+        for payload in payloads:
             self._enqueue(payload)
+        return sum(len(payload) for payload in payloads)
 
     @property
     def queued_bytes(self) -> int:
@@ -275,11 +282,21 @@ class ArchiveWriter:
         try:  # nodes remembered as written are forgotten when rolled back
             immediate_transaction(self._conn, write, records=len(items), retry_for=self.retry_for,
                                   give_up=self._starting, on_rollback=self._rows.forget)
+            self._announce()
         except StillUnavailable as exc:
             raise ConfigError(
                 f"the archive {self.path} stayed unavailable for {exc.waited:.0f} s while replaying the "
                 f"spool ({exc.cause}); nothing was lost: the spool in {self.spool.folder} is kept and "
                 "replayed at the next start", code="archive_unavailable") from exc.cause
+
+    def _announce(self) -> None:
+        written, self._rows.written = self._rows.written, []
+        if self._on_exchange is None or self._starting or not written:
+            return  # the spool replayed at start: an earlier run's exchanges, written but not announced
+        try:
+            self._on_exchange(written)
+        except Exception:  # a logging or metrics problem never stops the archive
+            log.exception("archive: the exchange hook failed")
 
     def _reject(self, payload: bytes, reason: str) -> None:
         log.error("archive: could not write a record (%s); it is kept in %s and retried at the next start",

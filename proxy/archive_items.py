@@ -45,6 +45,20 @@ class ExchangeRecord:
     error: str | None = None
     response_truncated: bool = False  # only the first upstream.max_response_bytes of the answer were kept
     response_kept: int = 0  # bytes of a streamed answer kept so far
+    round: int = 0  # 0: the call the client asked for; 1, 2...: internal rounds the proxy made
+    upstream_headers_ms: float | None = None  # time to the upstream's response headers (first byte)
+    overhead_ms: float | None = None  # what the proxy added (the whole exchange, on its first call)
+    client_cached_tokens: int | None = None  # the client's request shared with its previous one
+    forwarded_cached_tokens: int | None = None  # our estimate for what was forwarded (no provider usage)
+    # What the proxy did in this exchange (first call): results summarized, masked and evicted,
+    # exchanges evicted, internal rounds, recall and read_tool_result calls answered.
+    summaries: int = 0
+    masked: int = 0
+    evicted_results: int = 0
+    evictions: int = 0
+    internal_rounds: int = 0
+    recalls: int = 0
+    reads: int = 0
 
     def keep_chunk(self, chunk: bytes, cap: int) -> None:
         """Keep a streamed chunk for the archive, up to `cap` bytes in all; past that, mark the record."""

@@ -12,6 +12,7 @@ import sqlite3
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
+from proxy.accounting import Pricing, account
 from proxy.archive_codec import cell, dumps, safe_text
 from proxy.archive_db import insert_message, message_id
 from proxy.archive_parse import integer, parse_response, raw_response
@@ -24,6 +25,10 @@ PARSED_PER_SERIALIZED = 2  # parsed messages / their JSON bytes: 1.2-3.8x on the
 CHAIN_CACHE_SESSIONS = 2000  # and at most this many entries, however small
 ERROR_CHARS = 65536  # an error answer's text kept in exchanges.error
 _SEEN_LIMIT = 500_000
+
+ACTIVITY = ("round", "upstream_headers_ms", "overhead_ms", "client_cached_tokens", "forwarded_cached_tokens",
+            "summaries", "masked", "evicted_results", "evictions", "internal_rounds", "recalls", "reads")
+CONTENT_COLUMNS = ("params", "response_raw", "usage", "error")  # never handed on for logs and metrics
 
 ChainKey = tuple[str, str, str]  # tenant, session id, "request" | "forwarded"
 
@@ -81,15 +86,19 @@ class RowWriter:
     """Writes decoded items on `conn`, inside a transaction the caller opens and commits. After a
     rollback the caller must call `forget` (ids remembered as written were rolled back too)."""
 
-    def __init__(self, conn: sqlite3.Connection, chain_budget_bytes: int = CHAIN_CACHE_BYTES) -> None:
+    def __init__(self, conn: sqlite3.Connection, chain_budget_bytes: int = CHAIN_CACHE_BYTES,
+                 pricing: Pricing | None = None) -> None:
         self._conn = conn
         self._seen: set[str] = set()
         self.chains = ChainCache(chain_budget_bytes)
         self.stale = False  # replaying set-aside records: never overwrite a row written since
+        self.pricing = pricing or Pricing()
+        self.written: list[dict[str, Any]] = []  # exchange rows of the open transaction (no content)
 
     def forget(self) -> None:
         self._seen.clear()
         self.chains.clear()
+        self.written.clear()
 
     def table_row(self, item: TableRow) -> None:
         row = {k: cell(v) for k, v in item.row.items()}
@@ -113,6 +122,7 @@ class RowWriter:
             "tokens_after": record.tokens_after, "gate": record.gate, "request_leaf": request_leaf,
             "forwarded_leaf": forwarded_leaf, "params": dumps(record.params).decode(), "error": record.error,
             "response_truncated": int(bool(record.response_truncated)),
+            **{name: getattr(record, name) for name in ACTIVITY},
         }
         raw = raw_response(record)
         if 200 <= (integer(record.status) or 0) < 300:
@@ -122,6 +132,11 @@ class RowWriter:
                 row["error"] = raw[:ERROR_CHARS].decode("utf-8", "replace")
             if len(raw) > ERROR_CHARS:
                 row["response_raw"] = raw
+        prices = self.pricing.for_model(record.model)
+        row.update(account(row, prices))
+        if prices is not None and row.get("cost_source"):
+            row["prices"] = dumps(prices.as_dict()).decode()
+        self.written.append({k: v for k, v in row.items() if k not in CONTENT_COLUMNS})
         row = {k: cell(v) for k, v in row.items()}
         verb = "INSERT OR IGNORE" if self.stale else "INSERT OR REPLACE"
         self._conn.execute(f"{verb} INTO exchanges ({', '.join(quote(k) for k in row)}) "
@@ -173,7 +188,7 @@ class RowWriter:
             node = message_id(request_leaf, body)
             # The proxy's own answers (slash commands) would make recall find its earlier results.
             self._insert(node, request_leaf, parsed.message, body, record,
-                         searchable=record.gate != "command")
+                         searchable=record.gate not in ("command", "internal"))
             fields_["response_message_id"] = node
         usage = parsed.usage or {}
         details = usage.get("prompt_tokens_details")

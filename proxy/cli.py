@@ -28,17 +28,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from proxy import malloc
+    from proxy import logs, malloc
     from proxy.app import build_app
+    from proxy.policy import PolicyStore
 
     host = args.host or config.server.host
     port = args.port if args.port is not None else config.server.port
-    logging.basicConfig(level=config.server.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_config = logs.setup(config.server.log_level, args.log_format or config.server.log_format)
     malloc.tune()  # large buffers go back to the OS when freed (see proxy/malloc.py)
-    app = build_app(config)
+    app = build_app(config)  # checks every policy first: the banner lists only what loaded
+    store = PolicyStore(config.policies_dir)
+    logs.log_banner(config, host=host, port=port, version=version(), policies=store.names(),
+                    policies_dir=store.folder)
     uvicorn.run(app, host=host, port=port, log_level=config.server.log_level, loop="uvloop",
-                http="httptools", access_log=False, timeout_graceful_shutdown=30)
+                http="httptools", access_log=False, timeout_graceful_shutdown=30, log_config=log_config)
+    return 0
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from proxy import shipped
+
+    for line in shipped.init(Path(args.dir)):
+        print(line)
+    print(f"run: ctxproxy serve --config {Path(args.dir) / 'config.yaml'}")
     return 0
 
 
@@ -72,6 +84,20 @@ def cmd_sessions(args: argparse.Namespace) -> int:
     for row in rows:
         print(f"{row['session_id']:<34} {row['source'] or '':<22} {row['turns']:>5} "
               f"{row['tokens_before'] or 0:>10} {row['tokens_after'] or 0:>10}  {row['last_activity']}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Spent, baseline and saved dollars, tokens and what the proxy did: totals, or one row per group."""
+    from proxy import report
+
+    filters = report.Filters(session=args.session, policy=args.policy, model=args.model, since=args.since)
+    reader = _reader(args)
+    by = args.by or ("none" if args.session else "policy")
+    rows = [report.totals(reader, filters)] if by == "none" else report.grouped(reader, by, filters)
+    if by != "none" and args.format == "table":
+        rows.append({"key": "(all)", **report.totals(reader, filters)})
+    print(report.render(rows, args.format, key=None if by == "none" else by))
     return 0
 
 
@@ -188,7 +214,12 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", help="config YAML (see config.example.yaml)")
     serve.add_argument("--host", help="bind address (default from config, else 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default from config, else 8787)")
+    serve.add_argument("--log-format", choices=("text", "json"), help="overrides server.log_format")
     serve.set_defaults(func=cmd_serve)
+
+    init = sub.add_parser("init", help="write config.yaml and policies/ (the shipped ones) into a folder")
+    init.add_argument("dir", nargs="?", default=".", help="the folder (default: the current one)")
+    init.set_defaults(func=cmd_init)
 
     policy = sub.add_parser("policy", help="policy files")
     policy_sub = policy.add_subparsers(dest="policy_command", required=True)
@@ -227,6 +258,17 @@ def parser() -> argparse.ArgumentParser:
         if name == "rm":
             command.add_argument("id")
         command.set_defaults(func=cmd_pin)
+
+    report = sub.add_parser("report", help="dollars spent and saved, tokens and what the proxy did")
+    report.add_argument("--config", help="config YAML (its data_dir holds the archive)")
+    report.add_argument("--session", help="only this session")
+    report.add_argument("--policy", help="only this policy (project)")
+    report.add_argument("--model", help="only this model")
+    report.add_argument("--since", help="from this ISO date/time, or back from now: 30m, 24h, 7d, 2w")
+    report.add_argument("--by", choices=["none", "session", "policy", "model", "day", "hour", "route"],
+                        help="one row per group (default: policy; none with --session)")
+    report.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    report.set_defaults(func=cmd_report)
 
     for name, func, helptext in (("sessions", cmd_sessions, "list archived sessions"),
                                  ("show", cmd_show, "print a session's conversation"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -23,6 +23,7 @@ class ServerConfig(_Strict):
     body_timeout_s: float = Field(60.0, gt=0)  # a client that stops sending its body gets a 408
     state_cache_bytes: int = Field(64 * 1024 * 1024, gt=0)  # in-process session state; the archive has all
     log_level: str = "info"
+    log_format: Literal["text", "json"] = "text"  # json: one object a line, for log collectors
 
 
 class UpstreamConfig(_Strict):
@@ -48,12 +49,35 @@ class AdminConfig(_Strict):
     allow_remote: bool = False  # answer non-loopback clients too
 
 
+class TelemetryConfig(_Strict):
+    """OpenTelemetry traces over OTLP/HTTP (proxy/telemetry.py); off unless otlp_endpoint is set."""
+
+    otlp_endpoint: str | None = Field(None, pattern=r"^https?://\S+$")  # http://host:4318 (+ /v1/traces)
+    service_name: str = "ctxproxy"
+    headers: dict[str, str] = {}  # sent to the collector (also OTEL_EXPORTER_OTLP_HEADERS)
+    timeout_s: float = Field(10.0, gt=0)  # per export, retries included
+
+
+class ModelPrices(_Strict):
+    """USD per million tokens for one model (litellm's bundled map is used for models not listed)."""
+
+    input: float = Field(ge=0)
+    output: float = Field(ge=0)
+    cache_read: float | None = Field(None, ge=0)  # null: billed as input
+    cache_write: float | None = Field(None, ge=0)
+
+
 class Config(_Strict):
     server: ServerConfig = ServerConfig()
     upstream: UpstreamConfig = UpstreamConfig()
     admin: AdminConfig = AdminConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
     data_dir: Path = Path("./data")
     policies_dir: Path | None = None
+    pricing: dict[str, ModelPrices] = {}  # per model, over litellm's bundled cost map
+
+    def prices(self) -> dict[str, dict[str, float | None]]:
+        return {model: prices.model_dump() for model, prices in self.pricing.items()}
 
     def admin_token(self) -> str | None:
         return os.environ.get(self.admin.token_env) or None if self.admin.token_env else None

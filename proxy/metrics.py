@@ -29,6 +29,24 @@ class Metrics:
         self.tokens_after = Counter("ctxproxy_tokens_after", "Tokens forwarded upstream.", ["policy"],
                                     registry=self.registry)
 
+        self.upstream_headers_seconds = Histogram(
+            "ctxproxy_upstream_headers_seconds", "Streamed answers: time from sending upstream to its "
+            "response headers (ctxproxy_upstream_seconds runs to the last byte).", ["route"],
+            buckets=_SLOW_BUCKETS, registry=self.registry)
+        self.actions = Counter("ctxproxy_actions", "What the proxy did: results summarized, observations and "
+                               "results masked, results and exchanges evicted, internal rounds, recall and "
+                               "read_tool_result calls answered.", ["policy", "action"],
+                               registry=self.registry)
+        self.archived_bytes = Counter("ctxproxy_archived_bytes", "Bytes handed to the archive (spooled).",
+                                      registry=self.registry)
+        self.spent_usd = Counter("ctxproxy_spent_usd", "Dollars spent upstream (proxy/accounting.py), "
+                                 "internal rounds included.", ["policy", "model"], registry=self.registry)
+        self.saved_usd = Counter("ctxproxy_saved_usd", "Dollars saved against the same requests unmodified, "
+                                 "on the calls that cost less (net saved = this - ctxproxy_overspent_usd).",
+                                 ["policy", "model"], registry=self.registry)
+        self.overspent_usd = Counter("ctxproxy_overspent_usd", "Dollars the proxy cost more than the same "
+                                     "requests unmodified, on the calls where it did.", ["policy", "model"],
+                                     registry=self.registry)
         self.assembly_seconds = Histogram("ctxproxy_assembly_seconds", "Time to assemble injected blocks.",
                                           ["policy"], buckets=_FAST_BUCKETS, registry=self.registry)
         self.block_tokens = Histogram("ctxproxy_block_tokens", "Tokens injected per block.", ["block"],
@@ -43,6 +61,18 @@ class Metrics:
             self.block_tokens.labels(block).observe(tokens)
         for skipped in blocks.skipped:
             self.blocks_skipped.labels(policy, skipped).inc()
+
+    def observe_archived(self, row: dict[str, Any]) -> None:
+        """An exchange row once committed (proxy/archive.py): its dollars."""
+        policy, model = str(row.get("policy") or ""), str(row.get("model") or "")
+        spent, saved = row.get("cost_usd"), row.get("saved_usd")
+        if isinstance(spent, float | int):
+            self.spent_usd.labels(policy, model).inc(max(0.0, float(spent)))
+        if isinstance(saved, float | int):
+            if saved >= 0:
+                self.saved_usd.labels(policy, model).inc(float(saved))
+            else:
+                self.overspent_usd.labels(policy, model).inc(-float(saved))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

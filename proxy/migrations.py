@@ -171,3 +171,19 @@ def m011_cache_writes_and_usage(db: Database) -> None:
     # written, and the answer's usage object as the provider sent it.
     db.table("exchanges").add_column("cache_write_tokens", int)
     db.table("exchanges").add_column("usage", str)
+
+
+@migrations()
+def m012_accounting_and_activity(db: Database) -> None:
+    # What each call cost and what the same request unmodified would have (proxy/accounting.py), what
+    # the proxy did in the exchange, and where its time went (streams: headers apart from the last byte).
+    exchanges = db.table("exchanges")
+    for name, kind in (("round", int), ("upstream_headers_ms", float), ("overhead_ms", float),
+                       ("client_cached_tokens", int), ("forwarded_cached_tokens", int), ("summaries", int),
+                       ("masked", int), ("evicted_results", int), ("evictions", int),
+                       ("internal_rounds", int), ("recalls", int), ("reads", int), ("cost_usd", float),
+                       ("baseline_usd", float), ("saved_usd", float), ("cost_source", str),
+                       ("baseline_tokens", int), ("baseline_cached_tokens", int), ("prices", str)):
+        exchanges.add_column(name, kind)
+    exchanges.create_index(["policy", "created_at"])
+    exchanges.create_index(["created_at"])

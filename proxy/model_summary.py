@@ -7,8 +7,10 @@ deterministic summarizer. Whatever is chosen first is recorded and reused foreve
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
-from collections.abc import Callable, Coroutine
+import time
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import anyio
@@ -22,6 +24,10 @@ from proxy.upstream import Upstream
 log = logging.getLogger("ctxproxy.summary")
 
 MAX_INPUT_CHARS = 120_000
+# Set per client request (and inherited by the background work it starts): archives each model call made
+# on its behalf, for accounting: (model, HTTP status, ms, answer bytes).
+Spend = Callable[[str, int, float, bytes], Awaitable[None]]
+SPEND: contextvars.ContextVar[Spend | None] = contextvars.ContextVar("ctxproxy_spend", default=None)
 PROMPT = (
     "You compress the output of a software tool for an AI agent that will read your text instead of "
     "the output. Write a compact factual digest: what the output is, its structure and size, the key "
@@ -33,6 +39,7 @@ async def ask(upstream: Upstream, headers: dict[str, str], model: str, messages:
               timeout_s: float) -> str | None:
     """One completion through the upstream; None on timeout, error status or an unreadable answer."""
     body = {"model": model, "temperature": 0, "messages": messages}
+    started = time.perf_counter()
     try:
         with anyio.fail_after(timeout_s):
             response = await upstream.open("POST", "/chat/completions", b"", headers, orjson.dumps(body))
@@ -40,6 +47,8 @@ async def ask(upstream: Upstream, headers: dict[str, str], model: str, messages:
     except Exception as exc:  # every caller has a deterministic fallback
         log.warning("model %s failed (%s); using the deterministic fallback", model, type(exc).__name__)
         return None
+    if (spend := SPEND.get()) is not None:  # the proxy's own calls are spend, like the client's
+        await spend(model, response.status_code, (time.perf_counter() - started) * 1000, payload)
     if response.status_code != 200:
         log.warning("model %s answered %s; using the deterministic fallback", model, response.status_code)
         return None

@@ -8,12 +8,14 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from proxy import budget
+from proxy import budget, telemetry
+from proxy.accounting import prefix_hit
 from proxy.archive import TableRow, utc_now
 from proxy.assembly import HEAD, TAIL, TASK, Assembly, Fragment, assemble, place
 from proxy.checkpoint import write_checkpoint
@@ -66,6 +68,9 @@ class Outcome:
     evicted: list[Evicted] = field(default_factory=list)  # exchanges this request evicted
     blocks: Assembly = field(default_factory=Assembly)  # what was injected, skipped, and how long it took
     unrewritten: bool = False  # the codec refused the rewrite (it broke the API's rules): sent as received
+    client_cached: int = 0  # tokens of this request the client's previous request shares (as a prefix)
+    forwarded_cached: int = 0  # the same for what we forward (0 when this request changed sent bytes)
+    decided: dict[str, int] = field(default_factory=dict)  # results newly summarized/masked/evicted, by kind
 
 
 @dataclass
@@ -81,6 +86,7 @@ class PipelineContext:
     pins: Callable[[], list[Pin]] | None = None  # runtime pins of this project for this tenant
 
 
+@telemetry.traced("ctxproxy.pipeline", telemetry.outcome_attributes)  # spans: no-op without telemetry
 def run(conversation: Conversation, context: PipelineContext) -> Outcome:
     """Rewrite one request. Runs in a worker thread; one request of a session at a time."""
     state = context.store.get(context.tenant, context.session.id)
@@ -93,6 +99,7 @@ def _run(conversation: Conversation, context: PipelineContext, state: SessionSta
     client, conversation = conversation, splices.restored(conversation, state)
     policy, model, tokens = context.policy.policy, conversation.model, context.tokens
     before = tokens.request(conversation.messages, conversation.tools, model)
+    decided_before = Counter(state.decisions)
 
     def count(message: dict[str, Any]) -> int:
         return tokens.message(message, model)
@@ -103,6 +110,7 @@ def _run(conversation: Conversation, context: PipelineContext, state: SessionSta
     observations = for_policy(tuple(layer1.observation_patterns), layer1.threshold_tokens)
     original = conversation.messages
 
+    @telemetry.traced("ctxproxy.tool_results")
     def layer_one(messages: list[dict[str, Any]], force: bool = False) -> list[dict[str, Any]]:
         return summarize_large(messages, state, context.store, count, layer1.threshold_tokens,
                                enabled=layer1.enabled and can_offer_tools,
@@ -134,7 +142,8 @@ def _run(conversation: Conversation, context: PipelineContext, state: SessionSta
     tools = _tools_for(conversation.tools, state, policy, can_offer_tools)
     total = tokens.request(messages, tools, model)
 
-    result = budget.check(original, messages, policy, model, state, context.store, count, total)
+    with telemetry.span("ctxproxy.budget"):
+        result = budget.check(original, messages, policy, model, state, context.store, count, total)
     offered = _tools_for(conversation.tools, state, policy, can_offer_tools)
     total = result.tokens if offered is tools else tokens.request(result.messages, offered, model)
     tools = offered
@@ -142,12 +151,21 @@ def _run(conversation: Conversation, context: PipelineContext, state: SessionSta
                                         budget.padded(total, policy.budget.pad_pct) >= result.window):
         refuse(conversation, context, result)
     state.history_len = len(conversation.messages)
+    decided = state.decisions - decided_before
+    # The cache hit each side would have had (accounting): the previous request as a prefix of this one.
+    client_cached = prefix_hit(state.last_client, client.messages)
+    kept_prefix = not (decided or evicted or offered_before != state.internal_tools_offered)
+    forwarded_cached = prefix_hit(state.last_forwarded, result.messages) if kept_prefix else 0
+    state.last_client = (len(client.messages), client.messages[-1] if client.messages else None, before)
+    state.last_forwarded = (len(result.messages), result.messages[-1] if result.messages else None, total)
     return Outcome(result.messages, tools, changed=result.messages is not client.messages
                    or tools is not conversation.tools, tokens_before=before, tokens_after=total,
+                   client_cached=client_cached, forwarded_cached=forwarded_cached, decided=dict(decided),
                    gate=result.gate, window=result.window, internal_tools=tools is not conversation.tools,
                    original=original, evicted=evicted, blocks=blocks)
 
 
+@telemetry.traced("ctxproxy.window")
 def slide_window(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state: SessionState,
                  context: PipelineContext, conversation: Conversation, observations: Observations,
                  breaking: bool = False) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Evicted]]:
@@ -259,6 +277,7 @@ def keep_evicted(original: list[dict[str, Any]], start: int, stop: int,
     return handles
 
 
+@telemetry.traced("ctxproxy.blocks")
 def assemble_blocks(original: list[dict[str, Any]], state: SessionState, context: PipelineContext,
                     model: str) -> Assembly:
     """Every injected block, through one budgeted assembly: pinned, auto-summary (then more to come)."""

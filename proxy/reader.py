@@ -95,6 +95,10 @@ class ArchiveReader:
         # Stored text had lone surrogates escaped (archive.safe_text): look it up the same way.
         return list(self.db.query(sql, [safe_text(p) if isinstance(p, str) else p for p in params]))
 
+    def rows(self, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
+        """A read-only query's rows (reports and the dashboard compose theirs in proxy/report.py)."""
+        return self._query(sql, params)
+
     def close(self) -> None:
         self._closed = True
         with self._lock:

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import anyio
 import httpx
 
-from proxy import faults, rounds
+from proxy import faults, rounds, telemetry
 from proxy.archive import ExchangeRecord
 from proxy.upstream import Upstream
 
@@ -30,7 +30,7 @@ async def open_and_read(upstream: Upstream, headers: dict[str, str], content: by
     rc.records.append(record)
     upstream_started = time.perf_counter()
     try:
-        response = await upstream.open("POST", rc.path, query, headers, content)
+        response = await telemetry.upstream_call(rc, upstream.open("POST", rc.path, query, headers, content))
         record.status = response.status_code
         body, rest = await faults.read_answer(response, upstream.base_url, upstream.max_response_bytes)
     finally:

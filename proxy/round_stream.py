@@ -17,7 +17,7 @@ import anyio
 import httpx
 import orjson
 
-from proxy import faults
+from proxy import faults, telemetry
 from proxy.archive import ExchangeRecord
 from proxy.errors import CtxProxyError
 from proxy.rounds import Conversation, RoundsContext, add_usage, begin_round, new_round, split_calls
@@ -46,7 +46,7 @@ def sse_bytes(obj: Any) -> bytes:
 
 
 async def open_stream(rc: RoundsContext, content: bytes) -> httpx.Response:
-    return await rc.upstream.open("POST", rc.path, rc.query, rc.headers, content)
+    return await telemetry.upstream_call(rc, rc.upstream.open("POST", rc.path, rc.query, rc.headers, content))
 
 
 class Framer(Protocol):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,11 +17,11 @@ from typing import Any
 import anyio
 import orjson
 
-from proxy import faults
+from proxy import faults, telemetry
 from proxy.archive import ExchangeRecord
 from proxy.budget import GateResult, padded
 from proxy.errors import CtxProxyError
-from proxy.internal_tools import ToolContext, execute, is_internal_call
+from proxy.internal_tools import ToolContext, execute, is_internal_call, tool_name
 from proxy.layers import splices
 from proxy.offload import off_loop_if_large
 from proxy.state import StateStore
@@ -50,6 +51,7 @@ class RoundsContext:
     count: Callable[[list[dict[str, Any]], list[Any] | None], int]
     new_record: Callable[[list[dict[str, Any]], GateResult | None], ExchangeRecord]
     records: list[ExchangeRecord] = field(default_factory=list)
+    calls: Counter[str] = field(default_factory=Counter)  # internal calls answered, by tool name
 
 
 class Conversation:
@@ -81,7 +83,9 @@ class Conversation:
             if page < 400:
                 text = "error: no room left in the context window for more retrieved text"
             else:
-                text = execute(call, dataclasses.replace(self.rc.tool_context, page_chars=page))
+                with telemetry.tool_call(call):
+                    text = execute(call, dataclasses.replace(self.rc.tool_context, page_chars=page))
+            self.rc.calls[tool_name(call) or "?"] += 1
             result = {"role": "tool", "tool_call_id": call.get("id"), "content": text}
             messages.append(result)
             results.append(result)
@@ -138,7 +142,7 @@ def add_usage(total: dict[str, Any] | None, usage: Any) -> dict[str, Any] | None
 
 
 def new_round(rc: RoundsContext, conversation: Conversation) -> ExchangeRecord:
-    record = rc.new_record(conversation.forwarded, None)
+    record = rc.new_record(list(conversation.forwarded), None)  # a snapshot: later rounds append
     rc.records.append(record)
     return record
 
@@ -165,7 +169,8 @@ async def complete(rc: RoundsContext) -> faults.Answer:
         record, content = await begin_round(rc, conversation)
         started = time.perf_counter()
         try:
-            response = await rc.upstream.open("POST", rc.path, rc.query, rc.headers, content)
+            response = await telemetry.upstream_call(
+                rc, rc.upstream.open("POST", rc.path, rc.query, rc.headers, content))
             record.status = response.status_code
             payload, rest = await faults.read_answer(response, rc.upstream.base_url,
                                                      rc.upstream.max_response_bytes)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
@@ -23,6 +23,7 @@ from proxy.layers.splices import loads as load_splices
 from proxy.layers.working_memory import WorkingMemory
 
 CACHE_BYTES = 64 * 1024 * 1024  # the default byte budget of the in-process session cache
+Prefix = tuple[int, Any, int]  # messages, the last one, tokens
 UNKNOWN_HISTORY = 1 << 30  # history_len of a session rebuilt from the archive
 _SESSION_OVERHEAD = 4096  # rough fixed cost of one cached session (dicts, memory blocks)
 
@@ -61,6 +62,11 @@ class SessionState:
     # (handle, summary). Not persisted: recomputed identically after a restart.
     pending: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
     history_len: int = 0  # messages in the client's previous request (what the provider may have cached)
+    # The previous request as the client sent it and as it was forwarded: (messages, last message, tokens),
+    # for the cache hit each would have had (accounting); and the decisions recorded so far, by kind.
+    last_client: Prefix | None = None
+    last_forwarded: Prefix | None = None
+    decisions: Counter[str] = field(default_factory=Counter)
     window: WindowState = field(default_factory=WindowState)
     injected_tokens: int = 0  # injected blocks besides the auto-summary, as of the last request
     memory: WorkingMemory = field(default_factory=WorkingMemory)
@@ -234,8 +240,11 @@ class StateStore:
                                   replacement, kind)
             state.by_key[(call_id, content)] = stored
             state.by_handle[stored.handle] = stored
+            state.decisions[kind] += 1
             self.grow(state, _result_size(stored))
         else:
+            if stored.kind != kind:
+                state.decisions[kind] += 1
             stored.replacement, stored.kind = replacement, kind
         self.persist(TableRow("tool_results", {
             "tenant": state.tenant, "session_id": state.session_id, "handle": stored.handle,

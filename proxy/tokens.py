@@ -222,3 +222,18 @@ def model_window(model: str) -> int:
         window = FALLBACK_WINDOW
     _windows[model] = window
     return window
+
+
+def model_prices(model: str) -> dict[str, float | None] | None:
+    """USD per token from litellm's bundled cost map (input, output, cache read, cache write), or None
+    for a model it does not know. `provider/model` names are looked up whole, then without the prefix."""
+    _prepare_offline_env()
+    import litellm  # deliberately lazy: ~2 s
+
+    for name in (model, model.split("/", 1)[-1]):
+        entry = litellm.model_cost.get(name)
+        if isinstance(entry, dict) and entry.get("input_cost_per_token") is not None:
+            return {"input": entry.get("input_cost_per_token"), "output": entry.get("output_cost_per_token"),
+                    "cache_read": entry.get("cache_read_input_token_cost"),
+                    "cache_write": entry.get("cache_creation_input_token_cost")}
+    return None

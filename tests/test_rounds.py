@@ -54,8 +54,16 @@ def test_summary_replaces_big_result_and_read_back_is_byte_identical(proxy, fake
     assert [t["function"]["name"] for t in first["tools"]] == ["read_file", "read_tool_result", "recall"]
     assert int(raw.headers["x-ctxproxy-tokens-after"]) < int(raw.headers["x-ctxproxy-tokens-before"]) / 3
     proxy.flush()
-    rows = list(proxy.query("select status, forwarded_leaf from exchanges order by rowid"))
+    rows = list(proxy.query("select status, forwarded_leaf, round from exchanges order by rowid"))
     assert len(rows) == 2 and all(r["status"] == 200 for r in rows)  # one row per upstream call
+    assert [r["round"] for r in rows] == [0, 1]
+    # each call's archived forwarded messages are what that call sent (not what later rounds added)
+    for row, seen in zip(rows, fake_upstream.chat_requests, strict=True):
+        chain = list(proxy.query("with recursive up(id, parent_id) as (select id, parent_id from messages "
+                                 "where id = ? union all select m.id, m.parent_id from messages m "
+                                 "join up on m.id = up.parent_id) select count(*) as n from up",
+                                 (row["forwarded_leaf"],)))
+        assert chain[0]["n"] == len(seen.json()["messages"])
 
 
 def test_streaming_hides_internal_calls_and_continues_one_stream(proxy, fake_upstream):
