@@ -202,38 +202,54 @@ def _count_message(message: dict[str, Any], family: str) -> int:
 
 
 _windows: dict[str, int] = {}
+MODEL_MAP = "model_prices_and_context_window_backup.json"  # litellm's bundled map of windows and prices
+
+
+@cache
+def _model_map() -> dict[str, Any]:
+    """litellm's bundled model map, read as JSON: importing litellm for it would cost ~2 s and ~120 MB."""
+    spec = importlib.util.find_spec("litellm")
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    path = Path(next(iter(spec.submodule_search_locations))) / MODEL_MAP
+    try:
+        loaded = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def model_info(model: str) -> dict[str, Any] | None:
+    """The map's entry for `model`: as named, then without a provider prefix (`openai/gpt-4o`) or a
+    fine-tune wrapper (`ft:gpt-4o-mini:org::id`)."""
+    names = [model]
+    if model.startswith("ft:") and model.count(":") >= 1:
+        names.append(model.split(":")[1])
+    if "/" in model:
+        names.append(model.split("/", 1)[1])
+    known = _model_map()
+    for name in names:
+        entry = known.get(name)
+        if isinstance(entry, dict):
+            return entry
+    return None
 
 
 def model_window(model: str) -> int:
     """The model's input window from litellm's bundled map; 8192 for models it does not know."""
-    if model in _windows:
-        return _windows[model]
-    _prepare_offline_env()
-    import litellm  # deliberately lazy: ~2 s
-
-    litellm.suppress_debug_info = True
-
-    window = FALLBACK_WINDOW
-    base = model.split(":")[1] if model.startswith("ft:") and model.count(":") >= 1 else model
-    try:
-        info = litellm.get_model_info(base)
-        window = int(info.get("max_input_tokens") or FALLBACK_WINDOW)
-    except Exception:  # litellm raises several types for unmapped models
-        window = FALLBACK_WINDOW
-    _windows[model] = window
-    return window
+    if model not in _windows:
+        entry = model_info(model) or {}
+        window = entry.get("max_input_tokens")
+        _windows[model] = int(window) if isinstance(window, int | float) and window > 0 else FALLBACK_WINDOW
+    return _windows[model]
 
 
 def model_prices(model: str) -> dict[str, float | None] | None:
     """USD per token from litellm's bundled cost map (input, output, cache read, cache write), or None
-    for a model it does not know. `provider/model` names are looked up whole, then without the prefix."""
-    _prepare_offline_env()
-    import litellm  # deliberately lazy: ~2 s
-
-    for name in (model, model.split("/", 1)[-1]):
-        entry = litellm.model_cost.get(name)
-        if isinstance(entry, dict) and entry.get("input_cost_per_token") is not None:
-            return {"input": entry.get("input_cost_per_token"), "output": entry.get("output_cost_per_token"),
-                    "cache_read": entry.get("cache_read_input_token_cost"),
-                    "cache_write": entry.get("cache_creation_input_token_cost")}
-    return None
+    for a model it does not know."""
+    entry = model_info(model)
+    if entry is None or entry.get("input_cost_per_token") is None:
+        return None
+    return {"input": entry.get("input_cost_per_token"), "output": entry.get("output_cost_per_token"),
+            "cache_read": entry.get("cache_read_input_token_cost"),
+            "cache_write": entry.get("cache_creation_input_token_cost")}
