@@ -354,21 +354,21 @@ def build_app(config: Config, *, transport: httpx.AsyncBaseTransport | None = No
 
     chat_methods = ["POST"]
     any_method = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
-    routes = [
+    routes = [  # matched in order: the model routes first, they are nearly every request
+        Route("/v1/chat/completions", chat_completions, methods=chat_methods),
+        Route("/v1/messages", messages, methods=chat_methods),
+        Route("/v1/responses", responses, methods=chat_methods),
+        Route("/p/{policy}/v1/chat/completions", chat_completions, methods=chat_methods),
+        Route("/p/{policy}/v1/messages", messages, methods=chat_methods),
+        Route("/p/{policy}/v1/responses", responses, methods=chat_methods),
+        Route("/v1/{path:path}", passthrough, methods=any_method),
+        Route("/p/{policy}/v1/{path:path}", passthrough, methods=any_method),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/ctxproxy/search", admin_search, methods=["GET"]),
         Route("/ctxproxy/pins", admin_pins, methods=["GET", "POST"]),
         Route("/ctxproxy/pins/{pin_id}", admin_pins, methods=["DELETE"]),
         *ui_routes(),  # the dashboard, /ctxproxy/ui
-        Route("/v1/chat/completions", chat_completions, methods=chat_methods),
-        Route("/p/{policy}/v1/chat/completions", chat_completions, methods=chat_methods),
-        Route("/v1/responses", responses, methods=chat_methods),
-        Route("/p/{policy}/v1/responses", responses, methods=chat_methods),
-        Route("/v1/messages", messages, methods=chat_methods),
-        Route("/p/{policy}/v1/messages", messages, methods=chat_methods),
-        Route("/v1/{path:path}", passthrough, methods=any_method),
-        Route("/p/{policy}/v1/{path:path}", passthrough, methods=any_method),
     ]
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={
         CtxProxyError: handle_proxy_error,

@@ -94,6 +94,7 @@ class RowWriter:
         self.stale = False  # replaying set-aside records: never overwrite a row written since
         self.pricing = pricing or Pricing()
         self.written: list[dict[str, Any]] = []  # exchange rows of the open transaction (no content)
+        self._statements: dict[tuple[str, str, tuple[str, ...]], str] = {}
 
     def forget(self) -> None:
         self._seen.clear()
@@ -101,11 +102,18 @@ class RowWriter:
         self.written.clear()
 
     def table_row(self, item: TableRow) -> None:
-        row = {k: cell(v) for k, v in item.row.items()}
-        columns = ", ".join(quote(k) for k in row)
-        verb = "INSERT OR REPLACE" if item.replace and not self.stale else "INSERT OR IGNORE"
-        self._conn.execute(f"{verb} INTO {quote(item.table)} ({columns}) "
-                           f"VALUES ({', '.join('?' * len(row))})", list(row.values()))
+        self._row("INSERT OR REPLACE" if item.replace and not self.stale else "INSERT OR IGNORE",
+                  item.table, item.row)
+
+    def _row(self, verb: str, table: str, row: dict[str, Any]) -> None:
+        """One row; the statement is built once per (verb, table, columns) and reused."""
+        key = (verb, table, tuple(row))
+        statement = self._statements.get(key)
+        if statement is None:
+            statement = self._statements[key] = (
+                f"{verb} INTO {quote(table)} ({', '.join(quote(k) for k in row)}) "
+                f"VALUES ({', '.join('?' * len(row))})")
+        self._conn.execute(statement, [cell(v) for v in row.values()])
 
     def exchange(self, record: ExchangeRecord, size: int) -> None:
         """The exchange's chains and row; `size` (its serialized length) sizes its chain-cache entries."""
@@ -137,10 +145,7 @@ class RowWriter:
         if prices is not None and row.get("cost_source"):
             row["prices"] = dumps(prices.as_dict()).decode()
         self.written.append({k: v for k, v in row.items() if k not in CONTENT_COLUMNS})
-        row = {k: cell(v) for k, v in row.items()}
-        verb = "INSERT OR IGNORE" if self.stale else "INSERT OR REPLACE"
-        self._conn.execute(f"{verb} INTO exchanges ({', '.join(quote(k) for k in row)}) "
-                           f"VALUES ({', '.join('?' * len(row))})", list(row.values()))
+        self._row("INSERT OR IGNORE" if self.stale else "INSERT OR REPLACE", "exchanges", row)
 
     def _store_chain(self, messages: list[Any], record: ExchangeRecord, size: int,
                      kind: str = "request") -> str:

@@ -482,17 +482,21 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def serve(config: Path, port: int) -> subprocess.Popen:
+def serve(config: Path, port: int, log: Path | None = None) -> subprocess.Popen:
+    """The server in its own process; its output to `log` (a pipe nobody reads would fill up with a
+    line an exchange and stall it), or to pipes for a test that reads them."""
     env = os.environ | {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    output = log.open("ab") if log is not None else subprocess.PIPE
     return subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port",
-                             str(port)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                             str(port)], cwd=ROOT, env=env, stdout=output, stderr=output)
 
 
 def wait_healthy(process: subprocess.Popen, port: int) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # readiness poll only
         if process.poll() is not None:
-            raise AssertionError(f"server exited: {process.stderr.read().decode()[-3000:]}")
+            output = process.stderr.read().decode() if process.stderr else "(see its log file)"
+            raise AssertionError(f"server exited: {output[-3000:]}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
                 return
@@ -533,7 +537,7 @@ def test_kill_9_loses_no_answered_exchange(tmp_path, upstream_server, fake_upstr
     config = write_config(tmp_path, upstream.url)
     db = tmp_path / "data" / "archive.db"
     port = free_port()
-    server = serve(config, port)
+    server = serve(config, port, tmp_path / "server.log")
     blocker = None
     try:
         wait_healthy(server, port)
@@ -558,7 +562,7 @@ def test_kill_9_loses_no_answered_exchange(tmp_path, upstream_server, fake_upstr
     if writer_behind:
         assert count(db, "select count(*) from exchanges") == 0
         blocker.release()
-    restarted = serve(config, port)
+    restarted = serve(config, port, tmp_path / "server.log")
     try:
         wait_healthy(restarted, port)  # the spool was replayed before it started serving
     finally:
