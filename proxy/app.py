@@ -155,13 +155,13 @@ async def converse(request: Request, wire: WireFormat) -> Response:
     query = request.url.query.encode()
     rc = rounds_context(state, request, wire, decoded, outcome, context, headers, content)
 
+    sent_at: float | None = None  # a plain stream: when it was sent (its record is made once it answers)
+    headers_ms = 0.0
+
     async def done() -> None:  # the end of a stream (relay.archived awaits it however the stream ends)
         if sent_at is not None and rc.records and not rc.records[-1].upstream_ms:
             rc.records[-1].upstream_ms = (time.perf_counter() - sent_at) * 1000  # to the last byte
         await finish(state, wire, rc.records, started, policy.name, outcome, rc.calls)
-
-    sent_at: float | None = None  # a plain stream: when it was sent (its record is made once it answers)
-    headers_ms = 0.0
 
     try:
         if decoded.stream:

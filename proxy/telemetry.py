@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -33,8 +32,8 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
 
 from proxy import __version__
-from proxy.archive_parse import integer, parse_response
 from proxy.internal_tools import INTERNAL_NAMES
+from proxy.telemetry_records import CACHE, USAGE, answer_attributes, present, record_problem
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -54,10 +53,6 @@ Handler = Callable[["Request", Any], Awaitable["Response"]]
 
 _exchange: ContextVar[Exchange | None] = ContextVar("ctxproxy_exchange", default=None)
 _parent: ContextVar[Context | None] = ContextVar("ctxproxy_span_parent", default=None)  # inside a child span
-_MODEL = re.compile(rb'"model"\s*:\s*"([^"\\]{1,200})"')  # the first unescaped key: never inside a string
-USAGE = {"gen_ai.usage.input_tokens": "prompt_tokens", "gen_ai.usage.output_tokens": "completion_tokens"}
-CACHE = {"gen_ai.usage.cache_read.input_tokens": "cached_tokens",
-         "gen_ai.usage.cache_creation.input_tokens": "cache_write_tokens"}
 
 
 class Telemetry:
@@ -139,7 +134,7 @@ class Exchange:
     def __init__(self, telemetry: Telemetry, request: Request, wire: Any) -> None:
         self.telemetry = telemetry
         self.provider = "anthropic" if wire.name == "messages" else "openai"
-        attributes = _present({
+        attributes = present({
             "gen_ai.operation.name": "chat", "gen_ai.provider.name": self.provider,
             "gen_ai.system": self.provider, "ctxproxy.route": wire.route,
             "http.request.method": request.method, "url.path": request.url.path,
@@ -157,7 +152,7 @@ class Exchange:
     def child(self, name: str, kind: Any = None, attributes: dict[str, Any] | None = None) -> Span:
         return self.telemetry.tracer.start_span(
             name, context=_parent.get() or self.context, kind=kind or self.telemetry.api.SpanKind.INTERNAL,
-            attributes=_present(attributes or {}))
+            attributes=present(attributes or {}))
 
     def responded(self, response: Response) -> None:
         """What the response headers say the proxy did (the refused and error answers included)."""
@@ -343,7 +338,7 @@ def traced(name: str, describe: Callable[[Any], dict[str, Any]] | None = None
             with span(name) as child:
                 result = function(*args, **kwargs)
                 if describe is not None and child is not None:
-                    child.set_attributes(_present(describe(result)))
+                    child.set_attributes(present(describe(result)))
                 return result
         return call
     return decorate
@@ -367,47 +362,8 @@ def outcome_attributes(outcome: Any) -> dict[str, Any]:
             "ctxproxy.internal_tools": outcome.internal_tools}
 
 
-# ------------------------------------------------------------------------------ reading records
-
-def answer_attributes(record: ExchangeRecord) -> dict[str, Any]:
-    """Response model, id, finish reason and token usage of one upstream answer (none of its content)."""
-    if not 200 <= record.status < 300 or not (record.response_body or record.response_chunks):
-        return {}
-    try:
-        parsed = parse_response(record)
-    except Exception:  # what the archive cannot read, telemetry does not report
-        return {}
-    usage = parsed.usage or {}
-    details = usage.get("prompt_tokens_details")
-    details = details if isinstance(details, dict) else {}
-    found: dict[str, Any] = {key: integer(usage.get(name)) for key, name in USAGE.items()}
-    found |= {key: integer(details.get(name)) for key, name in CACHE.items()}
-    found["gen_ai.response.id"] = parsed.response_id
-    found["gen_ai.response.finish_reasons"] = [parsed.finish_reason] if parsed.finish_reason else None
-    found["gen_ai.response.model"] = response_model(record)
-    return _present(found)
-
-
-def response_model(record: ExchangeRecord) -> str | None:
-    """The model the upstream names (every format names it before any content: the first 64 KB)."""
-    head = record.response_chunks[:64] if record.stream and record.response_chunks else [record.response_body]
-    found = _MODEL.search(b"".join(part or b"" for part in head)[:65536])
-    return found.group(1).decode("utf-8", "replace") if found else None
-
-
-def record_problem(record: ExchangeRecord) -> str | None:
-    """An error.type for a record the proxy marked (its message may quote the upstream: never exported)."""
-    if not record.error:
-        return None
-    return "client_disconnected" if record.error.startswith("client disconnected") else "_OTHER"
-
-
 def _failed(span: Span, error_type: str) -> None:
     from opentelemetry.trace import Status, StatusCode
 
     span.set_attribute("error.type", error_type)
     span.set_status(Status(StatusCode.ERROR))
-
-
-def _present(attributes: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in attributes.items() if v is not None and v != ""}
