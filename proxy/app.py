@@ -195,6 +195,7 @@ async def converse(request: Request, wire: WireFormat) -> Response:
         return Response(payload, status_code=response.status_code, headers=relayed)
     state.metrics.added_seconds.labels(wire.route).observe(time.perf_counter() - started)
     if outcome.internal_tools and response.status_code == 200:
+        rc.first_headers_ms = headers_ms
         events = wire.stream_rounds(rc, response)
     else:
         rc.records.append(rc.new_record(outcome.messages, None))

@@ -52,6 +52,7 @@ class RoundsContext:
     new_record: Callable[[list[dict[str, Any]], GateResult | None], ExchangeRecord]
     records: list[ExchangeRecord] = field(default_factory=list)
     calls: Counter[str] = field(default_factory=Counter)  # internal calls answered, by tool name
+    first_headers_ms: float = 0.0  # a stream opened before the rounds began: time to its headers
 
 
 class Conversation:

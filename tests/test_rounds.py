@@ -84,6 +84,10 @@ def test_streaming_hides_internal_calls_and_continues_one_stream(proxy, fake_ups
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     assert text == "Let me look. It has 1500 lines."
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    proxy.flush()  # each round's upstream time: to its headers, and to its last byte
+    rows = list(proxy.query("select round, upstream_headers_ms, upstream_ms from exchanges order by rowid"))
+    assert [r["round"] for r in rows] == [0, 1]
+    assert all(0 < r["upstream_headers_ms"] <= r["upstream_ms"] for r in rows)
 
 
 def test_streaming_with_openai_sdk(proxy, fake_upstream):
