@@ -1,11 +1,15 @@
-"""How much latency ctxproxy adds over calling the upstream directly, compared with LiteLLM's proxy.
+"""How much latency ctxproxy adds over calling the upstream directly, compared with a bare forwarder
+(the floor, bench/bare_forwarder.py) and LiteLLM's proxy.
 
 Run: `python bench/overhead.py [--quick] [--json] [--no-litellm]` with the project's venv python.
-Everything runs on 127.0.0.1: a fake upstream (OpenAI- and Anthropic-shaped), ctxproxy and LiteLLM each
-in their own process. The `*_by_route` scenarios send the same small request through ctxproxy's chat
-route, its Anthropic Messages route and its OpenAI Responses route (each against the fake upstream's own
-route, called directly), interleaved in one loop, so the routes' added latency compare (goal: each within
-0.3 ms of chat at p50).
+Everything runs on 127.0.0.1: a fake upstream (OpenAI- and Anthropic-shaped), ctxproxy, the bare
+Starlette + httpx forwarder and LiteLLM each in their own process, called interleaved in one loop. It
+reports ctxproxy ÷ bare forwarder for added latency (small, stream time to first byte and to the last,
+a 500 KB synthetic history, and a real mini-swe-agent session resent turn by turn at 10 KB to 2 MB of
+history, bench/session_replay.py), server CPU seconds per 1,000 requests (/proc) at concurrency 1 and 16,
+cold start and RSS at start (issue 14). The `*_by_route` scenarios send the same small request through
+ctxproxy's chat, Anthropic Messages and OpenAI Responses routes (each against the fake upstream's own
+route, called directly), so the routes' added latency compare (goal: each within 0.3 ms of chat at p50).
 """
 
 from __future__ import annotations
@@ -13,25 +17,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import math
 import os
 import platform
-import random
 import signal
 import sqlite3
 import sys
 import tempfile
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 from fake_upstream import ANSWERS
+from measure import LatencyRow, Target, ThroughputRow, latency_rows, measure_latency, send_ms, throughput
 from payloads import big_history, chat_body
+from procstat import first_answer, rss_mb, settled_cpu_seconds
+from ratios import cpu_ratios, latency_ratios
 from report import print_report
-from services import Service, ServiceError, start_ctxproxy, start_fake, start_litellm
+from services import Service, ServiceError, start_bare, start_ctxproxy, start_fake, start_litellm
+from session_replay import SIZES, TRACE, replay, session_bodies
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.to_responses import to_responses
@@ -39,138 +44,7 @@ from bench.to_responses import to_responses
 CHAT = "/v1/chat/completions"
 MESSAGES = "/v1/messages"
 RESPONSES = "/v1/responses"
-# What the last bytes of a complete stream hold, by format (chat, Messages, Responses).
-STREAM_ENDS = (b"[DONE]", b"event: message_stop", b"event: response.completed")
-TAIL_BYTES = 4096  # response.completed carries the whole Response (~1.5 KB here) after its name
 ANTHROPIC_VERSION = "2023-06-01"
-
-
-@dataclass
-class Target:
-    name: str
-    url: str
-    body: bytes | None = None  # this target's own request (another wire format); None: the scenario's
-    headers: dict[str, str] | None = None  # added to the client's
-    base: str | None = None  # the direct target `added` is measured against; None: the first target
-
-
-@dataclass
-class LatencyRow:
-    scenario: str
-    target: str
-    n: int
-    p50_ms: float
-    p99_ms: float
-    added_p50_ms: float | None
-    added_p99_ms: float | None
-    errors: int
-
-
-@dataclass
-class ThroughputRow:
-    target: str
-    requests: int
-    concurrency: int
-    seconds: float
-    rps: float
-    p50_ms: float
-    p99_ms: float
-    errors: int
-
-
-# ------------------------------------------------------------------------------------ measuring
-
-def percentile(values: list[float], pct: float) -> float:
-    """Linear interpolation between closest ranks (as numpy's default)."""
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    rank = (len(ordered) - 1) * pct / 100
-    low, high = math.floor(rank), math.ceil(rank)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
-def one_request(client: httpx.Client, url: str, body: bytes, stream: bool,
-                headers: dict[str, str] | None = None) -> float:
-    """Seconds to the last byte of the response; raises on a wrong status or a cut stream."""
-    started = time.perf_counter()
-    with client.stream("POST", url, content=body, headers=headers) as response:
-        tail = b""
-        for chunk in response.iter_raw():
-            tail = (tail + chunk)[-TAIL_BYTES:]
-        elapsed = time.perf_counter() - started
-    if response.status_code != 200:
-        raise RuntimeError(f"{url}: HTTP {response.status_code}")
-    if stream and not any(end in tail for end in STREAM_ENDS):
-        raise RuntimeError(f"{url}: stream did not end with [DONE], message_stop or response.completed")
-    return elapsed
-
-
-def measure_latency(client: httpx.Client, targets: list[Target], scenario: str, body: bytes, stream: bool,
-                    iterations: int, warmup: int) -> list[LatencyRow]:
-    """Sequential requests; each iteration calls every target once, in a shuffled order."""
-    rng = random.Random(scenario)
-    for target in targets:  # warm-up also checks every target answers correctly
-        for _ in range(warmup):
-            one_request(client, target.url, target.body or body, stream, target.headers)
-    samples: dict[str, list[float]] = {t.name: [] for t in targets}
-    errors = dict.fromkeys(samples, 0)
-    order = list(targets)
-    for _ in range(iterations):
-        rng.shuffle(order)  # so drift and any target's background work touch all of them alike
-        for target in order:
-            try:
-                samples[target.name].append(
-                    one_request(client, target.url, target.body or body, stream, target.headers) * 1000)
-            except (httpx.HTTPError, RuntimeError):
-                errors[target.name] += 1
-    rows = []
-    for target in targets:
-        got = samples[target.name]
-        base = samples[target.base or targets[0].name]
-        p50, p99 = percentile(got, 50), percentile(got, 99)
-        direct = target.name == (target.base or targets[0].name)
-        rows.append(LatencyRow(scenario, target.name, len(got), p50, p99,
-                               None if direct else p50 - percentile(base, 50),
-                               None if direct else p99 - percentile(base, 99), errors[target.name]))
-    return rows
-
-
-async def _throughput(target: Target, headers: dict[str, str], body: bytes, total: int, concurrency: int,
-                      time_limit: float) -> ThroughputRow:
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(headers=headers, limits=limits, timeout=30.0) as client:
-        async def warm() -> None:
-            with contextlib.suppress(httpx.HTTPError):
-                await client.post(target.url, content=body)
-
-        await asyncio.gather(*(warm() for _ in range(concurrency)))  # open every connection first
-        latencies: list[float] = []
-        errors = 0
-        remaining = total
-        deadline = time.perf_counter() + time_limit
-
-        async def worker() -> None:
-            nonlocal remaining, errors
-            while remaining > 0 and time.perf_counter() < deadline:
-                remaining -= 1
-                started = time.perf_counter()
-                try:
-                    response = await client.post(target.url, content=body)
-                    ok = response.status_code == 200
-                except httpx.HTTPError:
-                    ok = False
-                if ok:
-                    latencies.append((time.perf_counter() - started) * 1000)
-                else:
-                    errors += 1
-
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        seconds = time.perf_counter() - started
-    done = len(latencies) + errors
-    return ThroughputRow(target.name, done, concurrency, seconds, len(latencies) / seconds,
-                         percentile(latencies, 50), percentile(latencies, 99), errors)
 
 
 # ------------------------------------------------------------------------------------ reporting
@@ -272,11 +146,18 @@ def run(args: argparse.Namespace, workdir: Path, started: list[Service]) -> dict
         if quick else {"small": 30, "stream": 20, "history_500KB": 5, "small_by_route": 50,
                        "stream_by_route": 20}
     total = args.requests or (300 if quick else 2000)
+    turns, sessions = (3, 1) if quick else (8, 3)
 
     fake = start_fake(workdir)
     started.append(fake)
+    probe = {"authorization": "Bearer sk-bench", "content-type": "application/json"}
     ctx = start_ctxproxy(workdir, fake.base, args.src)
     started.append(ctx)
+    startup = {"ctxproxy": _startup(ctx, ctx.base + CHAT, chat_body(SMALL), probe)}
+    bare = start_bare(workdir, fake.base)
+    started.append(bare)
+    startup["bare forwarder"] = _startup(bare, bare.base + CHAT, chat_body(SMALL), probe)
+    sent = 1  # ctxproxy's cold-start probe
     litellm_status, key = "skipped (--no-litellm)", "sk-bench"
     litellm: Service | None = None
     if not args.no_litellm:
@@ -289,14 +170,15 @@ def run(args: argparse.Namespace, workdir: Path, started: list[Service]) -> dict
             print(litellm_status, file=sys.stderr)
 
     targets = [Target("direct", fake.base + CHAT), Target("ctxproxy default", ctx.base + CHAT),
-               Target("ctxproxy passthrough", ctx.base + "/p/passthrough" + CHAT)]
+               Target("ctxproxy passthrough", ctx.base + "/p/passthrough" + CHAT),
+               Target("bare forwarder", bare.base + CHAT)]
     if litellm is not None:
         targets.append(Target("litellm", litellm.base + CHAT))
     # Every target gets the same bytes and headers; LiteLLM checks the key, the others forward it.
     headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
     history = big_history()
     payloads: dict[str, tuple[bytes, bool]] = {
-        "small": (chat_body([{"role": "user", "content": "Say hello in five words."}]), False),
+        "small": (chat_body(SMALL), False),
         "stream": (chat_body([{"role": "user", "content": "Count to twenty."}], stream=True), True),
         "history_500KB": (chat_body(history), False),
     }
@@ -306,8 +188,22 @@ def run(args: argparse.Namespace, workdir: Path, started: list[Service]) -> dict
         for scenario, (body, stream) in payloads.items():
             print(f"... {scenario}: {iters[scenario]} iterations x {len(targets)} targets", file=sys.stderr)
             latency += measure_latency(client, targets, scenario, body, stream, iters[scenario],
-                                       warm[scenario])
-        sent = sum((iters[s] + warm[s]) * ctx_targets for s in payloads)
+                                       warm[scenario], ttfb=stream)
+        sent += sum((iters[s] + warm[s]) * ctx_targets for s in payloads)
+        session_status = "ran"
+        try:
+            bodies = session_bodies(SIZES, turns, chat_body)
+        except (OSError, ValueError) as exc:
+            session_status = f"SKIPPED: {exc}"
+            print(session_status, file=sys.stderr)
+        else:
+            replayed = [t for t in targets if t.name != "litellm"]
+            print(f"... real session: {sessions} x {turns} turns at {', '.join(SIZES)}", file=sys.stderr)
+            samples, errors = replay(lambda url, body, hdrs: send_ms(client, url, body, hdrs), replayed,
+                                     bodies, sessions)
+            for scenario in samples:
+                latency += latency_rows(replayed, scenario, samples[scenario], errors[scenario])
+            sent += len(SIZES) * sessions * turns * ctx_targets
         for scenario, stream in (("small_by_route", False), ("stream_by_route", True)):
             routes = route_targets(fake, ctx, key, stream)
             if len(routes) == 2:  # a --src snapshot with the chat route only: nothing to compare
@@ -316,25 +212,46 @@ def run(args: argparse.Namespace, workdir: Path, started: list[Service]) -> dict
             latency += measure_latency(client, routes, scenario, chat_body(SMALL, stream=stream), stream,
                                        iters[scenario], warm[scenario])
             sent += (iters[scenario] + warm[scenario]) * sum(t.name.startswith("ctxproxy") for t in routes)
-        throughput: list[ThroughputRow] = []
-        for target in [t for t in targets if t.name != "ctxproxy passthrough"]:
-            print(f"... throughput: {target.name}", file=sys.stderr)
-            row = asyncio.run(_throughput(target, headers, payloads["small"][0], total, args.concurrency,
-                                          args.time_limit))
-            sent += (row.requests + args.concurrency) if target.name.startswith("ctxproxy") else 0
-            throughput.append(row)
+        rows: list[ThroughputRow] = []
+        cpu: list[dict[str, Any]] = []
+        servers = {"direct": fake, "ctxproxy default": ctx, "bare forwarder": bare}
+        for concurrency in dict.fromkeys((1, args.concurrency)):
+            for target in [t for t in targets if t.name in servers or concurrency == args.concurrency]:
+                if target.name == "ctxproxy passthrough":
+                    continue
+                print(f"... throughput: {target.name}, concurrency {concurrency}", file=sys.stderr)
+                server = servers.get(target.name)
+                before = settled_cpu_seconds(server.proc.pid) if server else 0.0
+                row = asyncio.run(throughput(target, headers, payloads["small"][0], total, concurrency,
+                                             args.time_limit))
+                requests = row.requests + concurrency  # with the warm-up requests
+                if server:
+                    seconds = settled_cpu_seconds(server.proc.pid) - before
+                    cpu.append({"target": target.name, "concurrency": concurrency, "requests": requests,
+                                "cpu_s": seconds, "cpu_per_1000": seconds / requests * 1000})
+                sent += requests if target.name.startswith("ctxproxy") else 0
+                rows.append(row)
         added_mean, added_by_route = ctxproxy_self_report(client, ctx.base)
     return {
         "mode": "quick" if quick else "full", "ctxproxy_src": str(args.src or "installed package"),
         "python": platform.python_version(), "cpus": _cpus(),
         "concurrency": args.concurrency, "latency": [asdict(r) for r in latency],
-        "throughput": [asdict(r) for r in throughput], "big_bytes": len(payloads["history_500KB"][0]),
+        "throughput": [asdict(r) for r in rows], "big_bytes": len(payloads["history_500KB"][0]),
         "big_messages": len(history), "ctxproxy_added_mean_ms": added_mean,
         "ctxproxy_added_mean_ms_by_route": added_by_route, "route_gap": route_gap(latency),
+        "ratios": latency_ratios([asdict(r) for r in latency]), "cpu": cpu_ratios(cpu), "startup": startup,
+        "session": {"status": session_status, "trace": str(TRACE), "turns": turns, "sessions": sessions,
+                    "sizes": SIZES},
         "stream_events": {route: len(events) for route, (_, _, events) in ANSWERS.items()},
         "ctxproxy_requests": sent,
         "archive": archive_summary(ctx), "litellm": litellm_status,
     }
+
+
+def _startup(service: Service, url: str, body: bytes, headers: dict[str, str]) -> dict[str, float | None]:
+    """Cold start (process start to its first answer) and resident memory right after it."""
+    return {"cold_start_s": first_answer(service.spawned, url, body, headers),
+            "rss_mb": rss_mb(service.proc.pid)}
 
 
 def _cpus() -> int:

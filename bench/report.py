@@ -32,11 +32,12 @@ def print_report(result: dict[str, Any]) -> None:
                 [[r["scenario"], r["target"], str(r["n"]), sig3(r["p50_ms"]), sig3(r["p99_ms"]),
                   sig3(r["added_p50_ms"]), sig3(r["added_p99_ms"]), str(r["errors"])]
                  for r in result["latency"]], left=2))
-    print(f"\nThroughput, small non-streaming requests, concurrency {result['concurrency']} "
-          "(load generator is one Python process on the same 2 cores).\n")
-    print(table(["target", "requests", "seconds", "req/s", "p50 ms", "p99 ms", "errors"],
-                [[r["target"], str(r["requests"]), sig3(r["seconds"]), sig3(r["rps"]), sig3(r["p50_ms"]),
-                  sig3(r["p99_ms"]), str(r["errors"])] for r in result["throughput"]]))
+    print_floor(result)
+    print("\nThroughput, small non-streaming requests (load generator is one Python process on the same "
+          "2 cores).\n")
+    print(table(["target", "concurrency", "requests", "seconds", "req/s", "p50 ms", "p99 ms", "errors"],
+                [[r["target"], str(r["concurrency"]), str(r["requests"]), sig3(r["seconds"]), sig3(r["rps"]),
+                  sig3(r["p50_ms"]), sig3(r["p99_ms"]), str(r["errors"])] for r in result["throughput"]]))
     print(f"\nhistory payload: {result['big_bytes']} bytes, {result['big_messages']} messages")
     mean = sig3(result["ctxproxy_added_mean_ms"])
     by_route = ", ".join(f"{route} {sig3(ms)} ms"
@@ -76,3 +77,31 @@ def by_route_rows(result: dict[str, Any]) -> list[list[str]]:
         rows.append([r["scenario"], route, sig3(r["added_p50_ms"]), sig3(r["added_p99_ms"]),
                      sig3(gap.get("p50_ms")), sig3(gap.get("p99_ms"))])
     return rows
+
+
+def print_floor(result: dict[str, Any]) -> None:
+    """The comparison with the bare forwarder (issue 14): latency ratios, CPU per request, start-up."""
+    ratios = result.get("ratios") or []
+    if ratios:
+        print("\nctxproxy ÷ bare forwarder (added = target minus direct; goal ≤ 1.1, flat in size):\n")
+        print(table(["scenario", "target", "added p50 ms", "bare p50 ms", "p50 ratio", "added p99 ms",
+                     "bare p99 ms", "p99 ratio"],
+                    [[r["scenario"], r["target"], sig3(r["added_p50_ms"]), sig3(r["floor_added_p50_ms"]),
+                      sig3(r["p50_ratio"]), sig3(r["added_p99_ms"]), sig3(r["floor_added_p99_ms"]),
+                      sig3(r["p99_ratio"])] for r in ratios], left=2))
+    session = result.get("session") or {}
+    if session:
+        print(f"\nsession_*: one real mini-swe-agent session ({session['status']}), {session['sessions']} "
+              f"session(s) of {session['turns']} consecutive turns from each size, own x-ctxproxy-session "
+              "per target; *_ttfb: time to the first byte of the stream")
+    cpu = result.get("cpu") or []
+    if cpu:
+        print("\nServer CPU (utime+stime from /proc, read once the process is quiet), small requests:\n")
+        print(table(["server", "concurrency", "requests", "CPU s", "CPU s per 1,000", "÷ bare forwarder"],
+                    [[r["target"], str(r["concurrency"]), str(r["requests"]), sig3(r["cpu_s"]),
+                      sig3(r["cpu_per_1000"]), sig3(r["ratio"])] for r in cpu]))
+    startup = result.get("startup") or {}
+    if startup:
+        print("\nStart-up: process start to the first answered request; VmRSS right after it:\n")
+        print(table(["server", "cold start s", "RSS at start MB"],
+                    [[name, sig3(v["cold_start_s"]), sig3(v["rss_mb"])] for name, v in startup.items()]))

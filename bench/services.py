@@ -1,4 +1,4 @@
-"""Subprocesses for the overhead benchmark: the fake upstream, ctxproxy and LiteLLM's proxy.
+"""Subprocesses for the overhead benchmark: the fake upstream, the bare forwarder, ctxproxy, LiteLLM's proxy.
 
 Each runs in its own process (own GIL) on a loopback port, logs to a file in the work dir, and is
 stopped by its pid only.
@@ -35,6 +35,7 @@ class Service:
     base: str  # http://127.0.0.1:<port>
     log: Path
     extra: dict[str, str] = field(default_factory=dict)
+    spawned: float = field(default_factory=time.perf_counter)  # when its process was started (cold start)
 
     def log_tail(self, lines: int = 25) -> str:
         try:
@@ -94,22 +95,32 @@ def _poll(service: Service, path: str, timeout: float) -> None:
                     return
             except httpx.TransportError:
                 pass
-            time.sleep(0.1)
+            time.sleep(0.02)  # fine-grained: the cold start is measured through this
     raise ServiceError(f"{service.name} not ready after {timeout:.0f}s:\n{service.log_tail()}")
 
 
-def start_fake(workdir: Path) -> Service:
-    """The fake upstream binds port 0 itself and reports it on stdout: no port race."""
-    proc, log = _spawn("fake_upstream", [sys.executable, str(HERE / "fake_upstream.py"), "--port", "0"],
+def _start_reporting(name: str, script: str, args: list[str], workdir: Path) -> Service:
+    """A bench script that binds port 0 itself and reports it on stdout (`PORT n`): no port race."""
+    spawned = time.perf_counter()
+    proc, log = _spawn(script.removesuffix(".py"), [sys.executable, str(HERE / script), *args, "--port", "0"],
                        workdir, stdout=subprocess.PIPE)
     assert proc.stdout is not None
     line = proc.stdout.readline().decode().strip()  # blocks until "PORT n" or EOF
     if not line.startswith("PORT "):
         proc.kill()
-        raise ServiceError(f"fake upstream did not report a port ({line!r}):\n{log.read_text()}")
-    service = Service("fake upstream", proc, f"http://127.0.0.1:{int(line.split()[1])}", log)
+        raise ServiceError(f"{name} did not report a port ({line!r}):\n{log.read_text()}")
+    service = Service(name, proc, f"http://127.0.0.1:{int(line.split()[1])}", log, spawned=spawned)
     wait_ready(service, "/healthz", 20)
     return service
+
+
+def start_fake(workdir: Path) -> Service:
+    return _start_reporting("fake upstream", "fake_upstream.py", [], workdir)
+
+
+def start_bare(workdir: Path, upstream: str) -> Service:
+    """The floor: bench/bare_forwarder.py, a 40-line Starlette + httpx forwarder to `upstream`."""
+    return _start_reporting("bare forwarder", "bare_forwarder.py", ["--upstream", upstream], workdir)
 
 
 PASSTHROUGH_POLICY = {
@@ -139,6 +150,7 @@ def start_ctxproxy(workdir: Path, upstream: str, src: Path | None = None) -> Ser
         "policies_dir": str(policies),
     }))
     port = free_port()
+    spawned = time.perf_counter()
     exe = BIN / "ctxproxy"
     argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "proxy"]
     env = {"PYTHONPATH": str(src)} if src else None  # sys.path wins over the editable-install finder
@@ -146,7 +158,7 @@ def start_ctxproxy(workdir: Path, upstream: str, src: Path | None = None) -> Ser
                        env=env)
     # The Responses route, where the proxy has one (it shares the chat route's upstream).
     responses = "/v1/responses" in ((src or REPO) / "proxy" / "app.py").read_text()
-    service = Service("ctxproxy", proc, f"http://127.0.0.1:{port}", log,
+    service = Service("ctxproxy", proc, f"http://127.0.0.1:{port}", log, spawned=spawned,
                       extra={"archive": str(data_dir / "archive.db"), "messages": "yes" if messages else "",
                              "responses": "yes" if responses else ""})
     wait_ready(service, "/healthz", 60)
