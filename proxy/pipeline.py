@@ -140,7 +140,8 @@ def _run(conversation: Conversation, context: PipelineContext, state: SessionSta
                           place(messages, blocks, system_end, task_end))
     state.injected_tokens = sum(v for k, v in blocks.tokens.items() if k != "summary")
     tools = _tools_for(conversation.tools, state, policy, can_offer_tools)
-    total = tokens.request(messages, tools, model)
+    unchanged = messages is conversation.messages and tools is conversation.tools
+    total = before if unchanged else tokens.request(messages, tools, model)  # (a walk over the history)
 
     with telemetry.span("ctxproxy.budget"):
         result = budget.check(original, messages, policy, model, state, context.store, count, total)

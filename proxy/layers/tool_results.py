@@ -98,6 +98,8 @@ def summarize_large(messages: list[dict[str, Any]], state: SessionState, store: 
     the prefix anyway. `tools_tokens` is the client's tools schema.
     """
     out = messages
+    if not enabled and not state.by_key:
+        return out  # nothing to decide and no earlier decision to re-apply: no walk over the history
     waiting: list[Waiting] = []
     calls: dict[str, tuple[str, str | None]] | None = None
     for index, key in results(messages, observations):
@@ -124,8 +126,8 @@ def summarize_large(messages: list[dict[str, Any]], state: SessionState, store: 
             out = list(messages)
         out[index] = {**messages[index], "content": stored.replacement}
     new_from = state.history_len  # results from here on were not sent before: no cached copy to lose
-    if force or (not state.internal_tools_offered and _pays_off(messages, waiting, count, tools_tokens,
-                                                                 new_from)):
+    if force or (waiting and not state.internal_tools_offered and _pays_off(messages, waiting, count,
+                                                                            tools_tokens, new_from)):
         apply = waiting
     else:  # an older one waits for the next batch that re-bills the prefix anyway (an eviction)
         apply = [w for w in waiting if w[0] >= new_from] if state.internal_tools_offered else []
