@@ -91,10 +91,13 @@ def assemble(sources: list[Source], query: str, tokens_max: int, time_ms: float,
             unique.append(fragment)
     chosen = [f for f in unique if f.required]
     optional = [f for f in unique if not f.required]
-    relevance = bm25(query, [f.text for f in optional])
-    top = max(relevance, default=0.0) or 1.0
-    ranked = sorted(range(len(optional)), key=lambda i: -(
-        0.5 * relevance[i] / top + 0.2 * optional[i].recency + 0.3 / optional[i].precedence))
+    if sum(f.tokens for f in optional) <= tokens_max:
+        ranked = list(range(len(optional)))  # all of them fit: no choice to rank (the query can be huge)
+    else:
+        relevance = bm25(query, [f.text for f in optional])
+        top = max(relevance, default=0.0) or 1.0
+        ranked = sorted(range(len(optional)), key=lambda i: -(
+            0.5 * relevance[i] / top + 0.2 * optional[i].recency + 0.3 / optional[i].precedence))
     budget = tokens_max
     for index in ranked:
         if optional[index].tokens <= budget:

@@ -90,7 +90,7 @@ class PipelineContext:
 def run(conversation: Conversation, context: PipelineContext) -> Outcome:
     """Rewrite one request. Runs in a worker thread; one request of a session at a time."""
     state = context.store.get(context.tenant, context.session.id)
-    with state.lock:
+    with state.lock, context.tokens.request_scope():
         return _run(conversation, context, state)
 
 

@@ -10,7 +10,8 @@ import functools
 import importlib.util
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,9 @@ def _encoder(name: str) -> Callable[[str], int]:
     return lambda text: len(encoding.encode_ordinary(text))
 
 
+Scoped = dict[tuple[int, str], tuple[dict[str, Any], int]]  # (id, model) -> (the message, its count)
+
+
 class TokenCounter:
     """Counts request tokens; per-message counts are memoised so cost grows with new messages only."""
 
@@ -83,6 +87,18 @@ class TokenCounter:
         self._memo: dict[tuple[str, Any], int] = {}
         self._chars = 0
         self._lock = threading.Lock()
+        self._scope = threading.local()  # within one request: counts by message identity
+
+    @contextmanager
+    def request_scope(self) -> Iterator[None]:
+        """Within it, this thread counts each message object once: a request's layers walk the same
+        history several times, and even a memo hit builds a key over every message."""
+        outer = getattr(self._scope, "counts", None)
+        self._scope.counts = outer if outer is not None else {}
+        try:
+            yield
+        finally:
+            self._scope.counts = outer
 
     def _remember(self, key: tuple[str, Any], size: int, count: int) -> None:
         with self._lock:
@@ -108,14 +124,18 @@ class TokenCounter:
         return found
 
     def message(self, message: dict[str, Any], model: str) -> int:
+        scoped: Scoped | None = getattr(self._scope, "counts", None)
+        if scoped is not None and (hit := scoped.get((id(message), model))) is not None and hit[0] is message:
+            return hit[1]
         family = encoding_name_for(model)
         key = (family, _message_key(message))
         found = self._memo.get(key)
-        if found is not None:
-            return found
-        count = _count_message(message, family)
-        self._remember(key, _key_size(key[1]), count)
-        return count
+        if found is None:
+            found = _count_message(message, family)
+            self._remember(key, _key_size(key[1]), found)
+        if scoped is not None:  # (the entry holds the message: its id cannot be reused meanwhile)
+            scoped[(id(message), model)] = (message, found)
+        return found
 
     def messages(self, messages: list[dict[str, Any]], model: str) -> int:
         return REPLY_PRIMING + sum(self.message(m, model) for m in messages)
