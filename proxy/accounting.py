@@ -94,8 +94,9 @@ class Usage:
 
 def account(row: Mapping[str, Any], prices: Prices | None) -> dict[str, Any]:
     """The accounting columns of one archived call, from its row (usage columns already parsed)."""
-    forwarded = _int(row.get("tokens_after"))
-    client = _int(row.get("tokens_before"))
+    if not 200 <= _int(row.get("status")) < 300:
+        return {"cost_source": None}  # a failed call is not billed (and not counted as saved)
+    forwarded, client = _int(row.get("tokens_after")), _int(row.get("tokens_before"))
     provider = row.get("prompt_tokens") is not None
     if provider:
         spent = Usage(_int(row.get("prompt_tokens")), _int(row.get("cached_tokens")),
@@ -104,13 +105,12 @@ def account(row: Mapping[str, Any], prices: Prices | None) -> dict[str, Any]:
         cached = min(forwarded, _int(row.get("forwarded_cached_tokens")))
         spent = Usage(forwarded, cached, 0, _int(row.get("completion_tokens")))
     columns: dict[str, Any] = {"cost_source": "provider" if provider else "estimated"}
-    if not 200 <= _int(row.get("status")) < 300:
-        return {"cost_source": None}  # a failed call is not billed (and not counted as saved)
-    baseline: Usage | None = None
-    if not _int(row.get("round")) and client and client == forwarded and row.get("request_leaf") \
+    baseline: Usage | None = None  # only the first call of a client's request has one
+    first = not _int(row.get("round")) and client > 0
+    if first and client == forwarded and row.get("request_leaf") \
             and row.get("request_leaf") == row.get("forwarded_leaf"):
         baseline = spent  # forwarded as the client sent it: the baseline is the call itself
-    elif not _int(row.get("round")) and client:
+    elif first:
         scale = spent.prompt / forwarded if provider and forwarded and spent.prompt else 1.0
         prompt = client * scale
         shared = _int(row.get("client_cached_tokens"))

@@ -1,7 +1,8 @@
-"""Token counting and model windows. The only module that imports tiktoken or litellm.
+"""Token counting, model windows and prices. The only module that imports tiktoken or reads litellm's files.
 
 Counts are exact for the encoding that fits the model and work offline: the encodings ship inside
-the litellm package, which we locate without importing it (importing litellm costs ~2 s).
+the litellm package, which we locate without importing it (importing litellm costs ~2.5 s and ~125 MB);
+windows and prices come from the JSON map it bundles, read the same way.
 """
 
 from __future__ import annotations
@@ -32,11 +33,20 @@ _CACHE_LIMIT = 200_000
 _CACHE_CHARS = 64 * 1024 * 1024
 
 
-def _litellm_resource_dir() -> Path:
+@cache
+def _litellm_dir() -> Path | None:
+    """Where the litellm package lies (found, never imported), or None when it is not installed."""
     spec = importlib.util.find_spec("litellm")
     if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _litellm_resource_dir() -> Path:
+    package = _litellm_dir()
+    if package is None:
         raise RuntimeError("litellm is not installed; it ships the offline tokenizer files")
-    return Path(next(iter(spec.submodule_search_locations))) / "litellm_core_utils" / "tokenizers"
+    return package / "litellm_core_utils" / "tokenizers"
 
 
 def _prepare_offline_env() -> None:
@@ -228,12 +238,11 @@ MODEL_MAP = "model_prices_and_context_window_backup.json"  # litellm's bundled m
 @cache
 def _model_map() -> dict[str, Any]:
     """litellm's bundled model map, read as JSON: importing litellm for it would cost ~2 s and ~120 MB."""
-    spec = importlib.util.find_spec("litellm")
-    if spec is None or not spec.submodule_search_locations:
+    package = _litellm_dir()
+    if package is None:
         return {}
-    path = Path(next(iter(spec.submodule_search_locations))) / MODEL_MAP
     try:
-        loaded = orjson.loads(path.read_bytes())
+        loaded = orjson.loads((package / MODEL_MAP).read_bytes())
     except (OSError, orjson.JSONDecodeError):
         return {}
     return loaded if isinstance(loaded, dict) else {}
