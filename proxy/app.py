@@ -31,7 +31,6 @@ from proxy.metrics import Metrics
 from proxy.offload import off_loop_if_large
 from proxy.pins import PinStore
 from proxy.policy import LoadedPolicy, PolicyStore
-from proxy.reader import ArchiveReader
 from proxy.relay import archived, open_and_read, relay_rest, relay_stream
 from proxy.routes import (
     admin_pins,
@@ -48,6 +47,7 @@ from proxy.routes import (
 )
 from proxy.session import Session, identify
 from proxy.state import SessionState, StateStore
+from proxy.store.storage import ArchiveQueries, Storage, open_storage
 from proxy.tokens import TokenCounter, model_window
 from proxy.ui import routes as ui_routes
 from proxy.upstream import ClientDisconnected, Upstream, response_headers, unless_disconnected
@@ -68,8 +68,9 @@ class ProxyState:
     tokens: TokenCounter
     metrics: Metrics
     store: StateStore
-    reader: ArchiveReader
+    reader: ArchiveQueries
     pins: PinStore
+    storage: Storage
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     @property
@@ -330,16 +331,17 @@ def build_app(config: Config, *, transport: httpx.AsyncBaseTransport | None = No
         await anyio.to_thread.run_sync(warm_up, tokens, policies)
         heavy.enable()  # huge texts are tokenized and summarized in a worker process
         metrics = Metrics()
-        archive = ArchiveWriter(config.data_dir / "archive.db", pricing=Pricing(config.prices()),
-                                on_exchange=on_archived(metrics))
-        reader = ArchiveReader(config.data_dir / "archive.db")
+        storage = await anyio.to_thread.run_sync(lambda: open_storage(
+            config, tokens, pricing=Pricing(config.prices()), on_exchange=on_archived(metrics)))
+        archive, reader = storage.writer, storage.reader
         app.state.proxy = ProxyState(
             config=config, policies=policies,
             upstreams=upstreams(config, transport),
             archive=archive, tokens=tokens, metrics=metrics,
             store=StateStore(persist=archive.submit, lookup=reader, barrier=archive.flush,
-                             budget_bytes=config.server.state_cache_bytes), reader=reader,
-            pins=PinStore(config.data_dir / "archive.db", tokens))
+                             budget_bytes=config.server.state_cache_bytes, ledger=storage.ledger),
+            reader=reader,
+            pins=storage.pins, storage=storage)
         app.state.telemetry = telemetry.start(config.telemetry)  # None unless telemetry.otlp_endpoint
         try:
             yield
@@ -350,8 +352,7 @@ def build_app(config: Config, *, transport: httpx.AsyncBaseTransport | None = No
                 await upstream.aclose()
             await telemetry.stop(app.state.telemetry)  # flushes the spans not exported yet
             heavy.shutdown()
-            archive.close()
-            reader.close()
+            storage.close()
 
     chat_methods = ["POST"]
     any_method = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]

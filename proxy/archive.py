@@ -43,8 +43,8 @@ from proxy.archive_db import (
 from proxy.archive_items import ExchangeRecord, TableRow, decode_item, encode_item, utc_now
 from proxy.archive_params import SECRET_FIELDS, is_secret_key, request_params
 from proxy.archive_parse import ParsedResponse, parse_response
-from proxy.archive_retry import StillUnavailable, WriteFailed, immediate_transaction
-from proxy.archive_rows import CHAIN_CACHE_BYTES, ERROR_CHARS, ChainCache, RowWriter
+from proxy.archive_retry import StillUnavailable, WriteFailed
+from proxy.archive_rows import CHAIN_CACHE_BYTES, ERROR_CHARS, ChainCache
 from proxy.data_dir_lock import DataDirLock
 from proxy.errors import ConfigError
 from proxy.spool import (
@@ -57,6 +57,7 @@ from proxy.spool import (
     replay_file,
     spool_files,
 )
+from proxy.store.target import SqliteTarget, WriteTarget
 
 __all__ = [
     "BATCH_BYTES", "BATCH_MAX", "CHAIN_CACHE_BYTES", "CHUNK_CHARS", "ERROR_CHARS", "QUEUE_BYTES", "RETRY_FOR",
@@ -96,17 +97,18 @@ class ArchiveWriter:
     def __init__(self, path: Path, *, max_queued_bytes: int = QUEUE_BYTES, retry_for: float = RETRY_FOR,
                  busy_timeout: float = 30.0, chain_cache_bytes: int = CHAIN_CACHE_BYTES,
                  pricing: Pricing | None = None,
-                 on_exchange: Callable[[list[dict[str, Any]]], None] | None = None) -> None:
+                 on_exchange: Callable[[list[dict[str, Any]]], None] | None = None,
+                 target: Callable[[], WriteTarget] | None = None) -> None:
+        """`path`: the SQLite archive, whose folder is the data dir (spool, lock); `target`: opens
+        another database to commit to instead (PostgreSQL), `path` then only places the data dir."""
         self.path = path
         self.data_dir = path.parent
         self.max_queued_bytes = max_queued_bytes
         self.retry_for = retry_for
         self._lock_file = DataDirLock(self.data_dir)
         try:
-            self._db = open_database(path, busy_timeout)
-            self._conn = self._db.conn
-            self._conn.isolation_level = None  # transactions are explicit: BEGIN IMMEDIATE ... COMMIT
-            self._rows = RowWriter(self._conn, chain_cache_bytes, pricing)
+            self._target = target() if target is not None else SqliteTarget(path, busy_timeout)
+            self._rows = self._target.row_writer(chain_cache_bytes, pricing)
             self._on_exchange = on_exchange  # the exchange rows of each commit (logs, metrics): no content
             self._cond = threading.Condition()
             self._queue: deque[_Queued] = deque()
@@ -122,8 +124,8 @@ class ArchiveWriter:
         except BaseException:
             if getattr(self, "spool", None) is not None:
                 self.spool.close()
-            if getattr(self, "_db", None) is not None:
-                self._db.close()
+            if getattr(self, "_target", None) is not None:
+                self._target.close()
             self._lock_file.release()
             raise
         self._thread = threading.Thread(target=self._run, name="ctxproxy-archive", daemon=True)
@@ -194,7 +196,7 @@ class ArchiveWriter:
                           "written at the next start", timeout, len(self._queue))
             else:
                 self.spool.close()
-                self._db.close()
+                self._target.close()
         self._lock_file.release()
 
     # ------------------------------------------------------------------------------- writing
@@ -280,14 +282,14 @@ class ArchiveWriter:
                 self._write_item(item, len(payload))
 
         try:  # nodes remembered as written are forgotten when rolled back
-            immediate_transaction(self._conn, write, records=len(items), retry_for=self.retry_for,
-                                  give_up=self._starting, on_rollback=self._rows.forget)
+            self._target.transaction(write, records=len(items), retry_for=self.retry_for,
+                                     give_up=self._starting, on_rollback=self._rows.forget)
             self._announce()
         except StillUnavailable as exc:
             raise ConfigError(
-                f"the archive {self.path} stayed unavailable for {exc.waited:.0f} s while replaying the "
-                f"spool ({exc.cause}); nothing was lost: the spool in {self.spool.folder} is kept and "
-                "replayed at the next start", code="archive_unavailable") from exc.cause
+                f"the archive {self._target.name} stayed unavailable for {exc.waited:.0f} s while "
+                f"replaying the spool ({exc.cause}); nothing was lost: the spool in {self.spool.folder} "
+                "is kept and replayed at the next start", code="archive_unavailable") from exc.cause
 
     def _announce(self) -> None:
         written, self._rows.written = self._rows.written, []

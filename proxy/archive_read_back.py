@@ -9,9 +9,9 @@ tenant; the proxy's own traffic (archive_traffic) is never returned.
 
 from __future__ import annotations
 
-import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from proxy.archive_codec import loads, safe_text
 from proxy.archive_traffic import (
@@ -22,6 +22,14 @@ from proxy.archive_traffic import (
     is_proxy_message,
     message_text,
 )
+
+
+class Queryable(Protocol):
+    """What these helpers query through: a sqlite3 connection, or PostgreSQL behind
+    proxy.store.sql.QmarkConnection (the same `?` SQL, tuple rows)."""
+
+    def execute(self, sql: str, parameters: Any = ..., /) -> Any: ...
+
 
 INLINE = 65536  # bodies up to this size are read to tell results apart; larger ones by size, then bytes
 _WALK = 64  # parents to walk up from a tool result to the turn that called it
@@ -37,7 +45,7 @@ class Result:
     message: dict[str, Any] | None  # None while not read (a large body)
 
 
-def distinct_results(conn: sqlite3.Connection, tenant: str, session_id: str, call_id: str) -> list[Result]:
+def distinct_results(conn: Queryable, tenant: str, session_id: str, call_id: str) -> list[Result]:
     """The distinct results answering `call_id` in the session, first sent first: what `id#n` numbers."""
     rows = conn.execute(
         "select rowid, id, parent_id, size, proxy, case when size is null or size <= ? then body end "
@@ -68,13 +76,13 @@ def distinct_results(conn: sqlite3.Connection, tenant: str, session_id: str, cal
     return found
 
 
-def _same_body(conn: sqlite3.Connection, first: int, second: int) -> bool:
+def _same_body(conn: Queryable, first: int, second: int) -> bool:
     row = conn.execute("select (select body from messages where rowid = ?) = "
                        "(select body from messages where rowid = ?)", [first, second]).fetchone()
     return bool(row and row[0])
 
 
-def answers_internal(conn: sqlite3.Connection, parent: str | None, call_id: str) -> bool:
+def answers_internal(conn: Queryable, parent: str | None, call_id: str) -> bool:
     """Whether the turn this tool result follows called `call_id` as an internal tool."""
     node = parent
     for _ in range(_WALK):
@@ -101,7 +109,7 @@ def split_handle(handle: str) -> tuple[str, int] | None:
     return (base, n) if n >= 1 else None
 
 
-def message_by_handle(conn: sqlite3.Connection, tenant: str, handle: str) -> dict[str, Any] | None:
+def message_by_handle(conn: Queryable, tenant: str, handle: str) -> dict[str, Any] | None:
     """A `msg-` handle's message row (tenant-scoped), or None."""
     prefix = handle[len(MESSAGE_HANDLE):]
     if not handle.startswith(MESSAGE_HANDLE) or "#" in prefix or len(prefix) < MESSAGE_HANDLE_CHARS:
@@ -119,12 +127,13 @@ def message_by_handle(conn: sqlite3.Connection, tenant: str, handle: str) -> dic
             "tool_name": None}
 
 
-def archived_result(conn: sqlite3.Connection, tenant: str, session_id: str | None,
-                    handle: str) -> dict[str, Any] | None:
+def archived_result(conn: Queryable, tenant: str, session_id: str | None, handle: str, *,
+                    by_message: Callable[[Queryable, str, str], dict[str, Any] | None] = message_by_handle,
+                    ) -> dict[str, Any] | None:
     """The text a handle names, from this session (`session_id`), or else (None) from the tenant's
     session that most recently had a result with that call id. Keys: handle, call_id, content,
-    tool_name."""
-    found = message_by_handle(conn, tenant, handle)
+    tool_name. `by_message`: how a `msg-` handle is looked up (PostgreSQL has its own)."""
+    found = by_message(conn, tenant, handle)
     if found is not None:
         return found
     parsed = split_handle(handle)

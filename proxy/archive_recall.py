@@ -14,7 +14,7 @@ from typing import Any
 
 from proxy.archive_codec import loads, safe_text
 from proxy.archive_db import CHUNK_CHARS
-from proxy.archive_read_back import answers_internal, distinct_results
+from proxy.archive_read_back import Queryable, answers_internal, distinct_results
 from proxy.archive_traffic import (
     HANDLE,
     MESSAGE_HANDLE,
@@ -33,7 +33,7 @@ _MARKED = re.compile(f"{MARK}(.*?){END}")
 _WALK_CHUNKS = 64
 
 
-def keep(conn: sqlite3.Connection, row: dict[str, Any], message: dict[str, Any] | None) -> bool:
+def keep(conn: Queryable, row: dict[str, Any], message: dict[str, Any] | None) -> bool:
     """Whether a candidate row is the conversation. Rows written since migration m010 were classified
     then (proxy 0/1); older ones are judged by content and by the call they answer."""
     if row["proxy"] is not None or message is None:  # large bodies are never texts the proxy wrote
@@ -165,7 +165,7 @@ def message_handle(message_id: str) -> str:
     return MESSAGE_HANDLE + message_id[:MESSAGE_HANDLE_CHARS]
 
 
-def hit_handle(conn: sqlite3.Connection, row: dict[str, Any], message: dict[str, Any] | None,
+def hit_handle(conn: Queryable, row: dict[str, Any], message: dict[str, Any] | None,
                tenant: str | None, session_id: str | None) -> str:
     """What read_tool_result accepts for this hit, as StateStore.find resolves it: the handle its text
     was recorded under (summary, eviction, observation), else its call id (`id#n` for the n-th distinct

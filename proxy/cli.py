@@ -70,9 +70,9 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
 
 
 def _reader(args: argparse.Namespace):
-    from proxy.reader import ArchiveReader
+    from proxy.store.storage import open_reader
 
-    return ArchiveReader(_config(args).data_dir / "archive.db")
+    return open_reader(_config(args))
 
 
 def cmd_sessions(args: argparse.Namespace) -> int:
@@ -158,13 +158,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_pin(args: argparse.Namespace) -> int:
-    from proxy.pins import PinStore
     from proxy.policy import PolicyStore
+    from proxy.store.storage import open_pins
     from proxy.tokens import TokenCounter
 
     config = _config(args)
     policy = PolicyStore(config.policies_dir).get(args.policy)
-    store = PinStore(config.data_dir / "archive.db", TokenCounter())
+    store = open_pins(config, TokenCounter())
     if args.pin_command == "add":
         if (args.file is None) == (args.text is None):
             print("ctxproxy pin add: give a FILE or --text TEXT", file=sys.stderr)

@@ -20,8 +20,8 @@ import orjson
 from proxy.internal_tools import format_hits
 from proxy.pins import PinStore
 from proxy.policy import CommandsPolicy, LoadedPolicy
-from proxy.reader import ArchiveReader
 from proxy.session import is_keyless
+from proxy.store.storage import ArchiveQueries
 
 COMMAND = re.compile(r"^\s*/(recall|pin|unpin|remember|pins)(?:\s+(\S.*))?\s*$", re.DOTALL)
 READ_ONLY = frozenset({"recall", "pins"})
@@ -52,7 +52,7 @@ def parse(body: dict[str, Any], settings: CommandsPolicy) -> tuple[str, str] | N
     return match.group(1), (match.group(2) or "").strip()
 
 
-def run(name: str, argument: str, reader: ArchiveReader, pins: PinStore, policy: LoadedPolicy, tenant: str,
+def run(name: str, argument: str, reader: ArchiveQueries, pins: PinStore, policy: LoadedPolicy, tenant: str,
         session_id: str) -> str:
     """The text of the answer. Pins made here belong to this tenant, in this session or the project."""
     scope = policy.policy.commands.pins

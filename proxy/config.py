@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from proxy.errors import ConfigError
 
@@ -58,6 +58,24 @@ class TelemetryConfig(_Strict):
     timeout_s: float = Field(10.0, gt=0)  # per export, retries included
 
 
+class ArchiveConfig(_Strict):
+    """Where the archive lives: SQLite in data_dir (one process), or PostgreSQL shared by replicas."""
+
+    # postgresql://user@host:5432/dbname; the password from PGPASSWORD or ~/.pgpass, never in the file
+    url: str | None = None
+    pool_size: int = Field(20, ge=2, le=500)  # connections per replica (sessions rewritten at once, reads)
+
+    @field_validator("url")
+    @classmethod
+    def _postgres_only(cls, url: str | None) -> str | None:
+        from proxy.store.postgres import check_url
+
+        try:
+            return check_url(url) if url else None
+        except ConfigError as exc:
+            raise ValueError(exc.message.removeprefix("archive.url: ")) from None
+
+
 class ModelPrices(_Strict):
     """USD per million tokens for one model (litellm's bundled map is used for models not listed)."""
 
@@ -72,6 +90,7 @@ class Config(_Strict):
     upstream: UpstreamConfig = UpstreamConfig()
     admin: AdminConfig = AdminConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
+    archive: ArchiveConfig = ArchiveConfig()
     data_dir: Path = Path("./data")
     policies_dir: Path | None = None
     pricing: dict[str, ModelPrices] = {}  # per model, over litellm's bundled cost map

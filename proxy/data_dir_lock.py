@@ -29,8 +29,9 @@ class DataDirLock:
             self.fd = None
             raise ConfigError(
                 f"another ctxproxy process is using {data_dir} (pid {holder}); one process per data_dir: "
-                "stop it, or give this one its own data_dir (replicas sharing one archive need the "
-                "PostgreSQL backend, which comes later)", code="data_dir_in_use") from None
+                "stop it, or give this one its own data_dir (replicas share one archive through "
+                "archive.url: postgresql://..., each with its own data_dir)",
+                code="data_dir_in_use") from None
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
 

@@ -76,3 +76,12 @@ class UpstreamTimeout(CtxProxyError):
     status = 504
     type = "upstream_error"
     code = "upstream_timeout"
+
+
+class StorageUnavailable(CtxProxyError):
+    """The database holding the sessions' state did not answer: nothing was sent upstream (a retry is
+    safe). SDKs retry a 503 on their own."""
+
+    status = 503
+    type = "server_error"
+    code = "archive_unavailable"

@@ -178,10 +178,19 @@ def banner_fields(config: Config, *, host: str, port: int, version: str, policie
         "policies": list(policies),
         "policies_dir": str(policies_dir.resolve()) if policies_dir else None,
         "data_dir": str(config.data_dir.resolve()),
+        "archive": describe_archive(config),
         "admin_api": admin,
         "ui": ui,
         "ui_access": "admin token required" if token else "loopback only",
     }
+
+
+def describe_archive(config: Config) -> str:
+    if config.archive.url:
+        from proxy.store.postgres import redacted
+
+        return f"PostgreSQL {redacted(config.archive.url)} (shared by replicas; spool in the data folder)"
+    return f"SQLite {config.data_dir.resolve() / 'archive.db'} (one process)"
 
 
 def log_banner(config: Config, *, host: str, port: int, version: str, policies: Sequence[str],
@@ -195,6 +204,7 @@ def log_banner(config: Config, *, host: str, port: int, version: str, policies: 
         f"  upstream     {f['upstream']} (OpenAI-compatible), {f['anthropic_upstream']} (Anthropic)",
         f"  policies     {', '.join(f['policies'])} from {f['policies_dir'] or 'nowhere: built-in default'}",
         f"  data folder  {f['data_dir']}",
+        f"  archive      {f['archive']}",
         f"  admin API    {f['admin_api']}",
         f"  UI           {f['ui']} ({f['ui_access']})",
     ))

@@ -122,8 +122,13 @@ async def fold_with_model(upstream: Upstream, headers: dict[str, str], model: st
             if semantic is not None:
                 break
         memory = folded.apply_distilled(memory, semantic or folded.distill(flushed, memory.semantic))
-    state.folded = memory
-    store.save_memory(state, "folded", memory.to_json())
+    await anyio.to_thread.run_sync(_save_folded, store, state, memory)
+
+
+def _save_folded(store: StateStore, state: SessionState, memory: folded.FoldedMemory) -> None:
+    with store.session(state.tenant, state.session_id) as current:  # (committed like a request's state)
+        current.folded = memory
+        store.save_memory(current, "folded", memory.to_json())
 
 
 def after_eviction(background: Callable[[Coroutine[Any, Any, None]], None], upstream: Upstream,

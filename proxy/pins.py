@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from proxy.archive import open_database, utc_now
 from proxy.errors import BadRequest, ConfigError, NotFound
@@ -80,19 +81,72 @@ def file_pins(policy: LoadedPolicy, tokens: TokenCounter) -> list[Pin]:
     return pins
 
 
+def _query_pins(conn: Any, policy: str, tenant: str | None, session_id: str | None) -> list[Pin]:
+    query = "select * from pins where policy = ?"
+    params: list[str] = [policy]
+    if tenant is not None:
+        query += " and tenant in (?, ?)"
+        params += [tenant, EVERY_TENANT]
+        if session_id is None:
+            query += " and session_id is null"
+        else:
+            query += " and (session_id is null or session_id = ?)"
+            params.append(session_id)
+    rows = conn.execute(query + " order by created_at, id", params).fetchall()
+    return [Pin(r["id"], r["name"], r["content"], r["tokens"], _origin(r["tenant"], r["session_id"]))
+            for r in rows]
+
+
 class PinStore:
-    def __init__(self, db_path: Path, tokens: TokenCounter) -> None:
-        self.db_path, self.tokens = db_path, tokens
-        open_database(db_path).close()  # create (0600) and migrate if needed
-        self._conn = sqlite3.connect(self.db_path, timeout=10, check_same_thread=False,
-                                     isolation_level=None)  # autocommit: each write is its own transaction
-        self._conn.row_factory = sqlite3.Row
+    """Runtime pins in the archive database: SQLite at `db_path`, or PostgreSQL at `url` (replicas share
+    them; a pin's budget check and insert are one transaction under a per-project lock)."""
+
+    def __init__(self, db_path: Path | None, tokens: TokenCounter, *, url: str | None = None) -> None:
+        self.db_path, self.tokens, self.url = db_path, tokens, url
+        self._conn: Any
+        if url is not None:
+            from psycopg.rows import dict_row
+
+            from proxy.store.postgres import first_connection
+            from proxy.store.sql import QmarkConnection
+
+            conn = first_connection(url)
+            conn.row_factory = dict_row
+            self._conn = QmarkConnection(conn)
+        else:
+            assert db_path is not None
+            open_database(db_path).close()  # create (0600) and migrate if needed
+            self._conn = sqlite3.connect(db_path, timeout=10, check_same_thread=False,
+                                         isolation_level=None)  # autocommit: each write its own transaction
+            self._conn.row_factory = sqlite3.Row
         self._lock = threading.Lock()
 
     @contextlib.contextmanager
-    def _connect(self) -> Iterator[sqlite3.Connection]:
+    def _connect(self) -> Iterator[Any]:
         with self._lock:
             yield self._conn
+
+    @contextlib.contextmanager
+    def _transaction(self, policy: str) -> Iterator[Any]:
+        """One transaction that no other writer of this project's pins interleaves with (a replica's
+        budget check and insert against another's)."""
+        with self._connect() as conn:
+            if self.url is not None:
+                with conn.conn.transaction():
+                    conn.execute("select pg_advisory_xact_lock(hashtext(?))", ["ctxproxy-pins:" + policy])
+                    yield conn
+                return
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            (self._conn.conn if self.url is not None else self._conn).close()
 
     def list(self, policy: str, tenant: str | None = None, session_id: str | None = None) -> list[Pin]:
         """Pins of a project, oldest first.
@@ -100,20 +154,8 @@ class PinStore:
         tenant None: all of them (operators). Else those visible to the tenant: the project-wide ones
         (tenant "*"), the tenant's own project pins, and, given a session, the tenant's pins of that session.
         """
-        query = "select * from pins where policy = ?"
-        params: list[str] = [policy]
-        if tenant is not None:
-            query += " and tenant in (?, ?)"
-            params += [tenant, EVERY_TENANT]
-            if session_id is None:
-                query += " and session_id is null"
-            else:
-                query += " and (session_id is null or session_id = ?)"
-                params.append(session_id)
         with self._connect() as conn:
-            rows = conn.execute(query + " order by created_at, id", params).fetchall()
-        return [Pin(r["id"], r["name"], r["content"], r["tokens"], _origin(r["tenant"], r["session_id"]))
-                for r in rows]
+            return _query_pins(conn, policy, tenant, session_id)
 
     def add(self, policy: LoadedPolicy, content: str, *, name: str, tenant: str = EVERY_TENANT,
             session_id: str | None = None) -> Pin:
@@ -123,14 +165,15 @@ class PinStore:
         if tenant == EVERY_TENANT and session_id is not None:
             raise ValueError("project-wide pins have no session")
         tokens = self.tokens.text(content, COUNT_MODEL)
-        used = sum(p.tokens for p in file_pins(policy, self.tokens)) + sum(
-            p.tokens for p in self.list(policy.name, tenant, session_id))
-        limit = policy.policy.pinned.max_tokens
-        if used + tokens > limit:
-            raise PinBudgetExceeded(f"pinning {tokens} tokens would make {used + tokens} pinned tokens, over "
-                                    f"pinned.max_tokens ({limit}) of policy {policy.name!r}; nothing changed")
+        files = sum(p.tokens for p in file_pins(policy, self.tokens))
         pin = Pin(f"pin-{uuid.uuid4().hex[:12]}", name, content, tokens, _origin(tenant, session_id))
-        with self._connect() as conn:
+        with self._transaction(policy.name) as conn:
+            used = files + sum(p.tokens for p in _query_pins(conn, policy.name, tenant, session_id))
+            limit = policy.policy.pinned.max_tokens
+            if used + tokens > limit:
+                raise PinBudgetExceeded(f"pinning {tokens} tokens would make {used + tokens} pinned "
+                                        f"tokens, over pinned.max_tokens ({limit}) of policy "
+                                        f"{policy.name!r}; nothing changed")
             conn.execute("insert into pins (id, tenant, policy, name, content, tokens, created_at, "
                          "session_id) values (?, ?, ?, ?, ?, ?, ?, ?)",
                          (pin.id, tenant, policy.name, name, content, tokens, utc_now(), session_id))

@@ -89,8 +89,7 @@ class PipelineContext:
 @telemetry.traced("ctxproxy.pipeline", telemetry.outcome_attributes)  # spans: no-op without telemetry
 def run(conversation: Conversation, context: PipelineContext) -> Outcome:
     """Rewrite one request. Runs in a worker thread; one request of a session at a time."""
-    state = context.store.get(context.tenant, context.session.id)
-    with state.lock, context.tokens.request_scope():
+    with context.store.session(context.tenant, context.session.id) as state, context.tokens.request_scope():
         return _run(conversation, context, state)
 
 
@@ -359,9 +358,8 @@ def gate_round(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], 
                model: str, context: PipelineContext, protected: frozenset[str]) -> budget.GateResult:
     """Gate an internal round, whose forwarded list ends with internal calls and their results."""
     tokens = context.tokens
-    state = context.store.get(context.tenant, context.session.id)
     total = tokens.request(forwarded, tools, model)
-    with state.lock:
+    with context.store.session(context.tenant, context.session.id) as state:
         result = budget.check(original, forwarded, context.policy.policy, model, state, context.store,
                               lambda m: tokens.message(m, model), total, protected)
     if result.gate == budget.REFUSE:

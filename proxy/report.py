@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from proxy.errors import CtxProxyError
-from proxy.reader import ArchiveReader
+from proxy.store.storage import ArchiveQueries
 
 GROUPS = {"session": "session_id", "policy": "policy", "model": "model", "day": "substr(created_at, 1, 10)",
           "hour": "substr(created_at, 1, 13)", "route": "route"}
@@ -94,13 +94,13 @@ def _finish(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def totals(reader: ArchiveReader, filters: Filters = Filters()) -> dict[str, Any]:
+def totals(reader: ArchiveQueries, filters: Filters = Filters()) -> dict[str, Any]:
     where, params = filters.where()
     rows = reader.rows(f"select {_SELECT} from exchanges{where}", params)
     return _finish(rows[0] if rows else {})
 
 
-def grouped(reader: ArchiveReader, by: str, filters: Filters = Filters(), limit: int | None = None,
+def grouped(reader: ArchiveQueries, by: str, filters: Filters = Filters(), limit: int | None = None,
             order: str = "last") -> list[dict[str, Any]]:
     """One row per session / policy / model / day / hour / route, newest activity first (or by `order`:
     last, spent_usd, saved_usd, requests)."""

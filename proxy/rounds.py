@@ -120,7 +120,7 @@ class Conversation:
 
 
 def _remember(store: StateStore, tenant: str, session_id: str, splice: splices.Splice) -> None:
-    splices.remember(store, store.get(tenant, session_id), splice)
+    splices.remember(store, tenant, session_id, splice)
 
 
 def split_calls(calls: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -129,7 +129,16 @@ async def read_body(request: Request, server: ServerConfig) -> bytes:
 
 
 async def healthz(request: Request) -> Response:
-    return JSONResponse({"status": "ok"})
+    """ok when the archive database answers (a load balancer takes a replica whose database is gone
+    out of rotation: its sessions' state lives there)."""
+    state: ProxyState = request.app.state.proxy
+    problem: str | None = "no answer within 5 s"
+    with anyio.move_on_after(5):
+        problem = await anyio.to_thread.run_sync(state.storage.health, abandon_on_cancel=True)
+    if problem is not None:
+        return JSONResponse({"status": "unavailable", "database": state.storage.kind, "problem": problem},
+                            status_code=503)
+    return JSONResponse({"status": "ok", "database": state.storage.kind})
 
 
 async def metrics(request: Request) -> Response:

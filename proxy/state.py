@@ -6,21 +6,24 @@ caching depends on it). Decisions are written through to the archive so they sur
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 import orjson
 
 from proxy.archive import TableRow, utc_now
+from proxy.errors import StorageUnavailable
 from proxy.layers.auto_summary import Headline
 from proxy.layers.folded import FoldedMemory
 from proxy.layers.splices import Splice
 from proxy.layers.splices import loads as load_splices
 from proxy.layers.working_memory import WorkingMemory
+from proxy.store.ledger import LedgerEntry, SessionLedger
 
 CACHE_BYTES = 64 * 1024 * 1024  # the default byte budget of the in-process session cache
 Prefix = tuple[int, Any, int]  # messages, the last one, tokens
@@ -78,6 +81,9 @@ class SessionState:
     # Requests of one session are rewritten one at a time (the pipeline runs in worker threads).
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     size: int = _SESSION_OVERHEAD  # approximate bytes held, for the store's byte budget
+    # With a ledger (replicas): the versions of the session's committed state this copy reflects.
+    version: int = 0
+    rows_version: int = 0
 
     @property
     def internal_tools_offered(self) -> bool:
@@ -128,6 +134,32 @@ def _from_row(row: dict[str, Any]) -> StoredResult:
                         row["kind"])
 
 
+# What a rebuild replaces; the rest (lock, size, pending summaries, accounting) stays with the object.
+_REBUILT = ("by_key", "by_handle", "window", "memory", "memory_seen", "memory_last", "folded", "splices",
+            "history_len")
+
+
+def snapshot(state: SessionState) -> dict[str, Any]:
+    """The sticky state that is no decision row, for the ledger: what the provider may have cached,
+    what the blocks took, and when each message first arrived (headlines show it), run-length coded."""
+    runs: list[list[float]] = []
+    for at in state.window.first_seen:
+        if runs and runs[-1][0] == at:
+            runs[-1][1] += 1
+        else:
+            runs.append([at, 1])
+    return {"history_len": state.history_len, "injected_tokens": state.injected_tokens, "first_seen": runs}
+
+
+def restore(state: SessionState, data: dict[str, Any] | None) -> None:
+    if not data:
+        return
+    state.history_len = int(data.get("history_len", state.history_len))
+    state.injected_tokens = int(data.get("injected_tokens", 0))
+    runs = data.get("first_seen", [])
+    state.window.first_seen = [float(at) for at, count in runs for _ in range(int(count))]
+
+
 class StateStore:
     """Session states by (tenant, session): a cache with a byte budget over what the archive holds.
 
@@ -137,8 +169,11 @@ class StateStore:
     """
 
     def __init__(self, persist: Persist | None = None, lookup: Lookup | None = None,
-                 budget_bytes: int = CACHE_BYTES, barrier: Callable[[], object] | None = None) -> None:
+                 budget_bytes: int = CACHE_BYTES, barrier: Callable[[], object] | None = None,
+                 ledger: SessionLedger | None = None) -> None:
         self._persist = persist
+        self._ledger = ledger
+        self._open: dict[tuple[Any, Any], LedgerEntry] = {}  # sessions inside `session` with a ledger
         self._lookup = lookup
         self._barrier = barrier
         self.budget_bytes = budget_bytes
@@ -162,6 +197,18 @@ class StateStore:
             if state is not None:
                 self._sessions.move_to_end(key)
                 return state
+        state = self._build(tenant, session_id)
+        with self._lock:
+            existing = self._sessions.get(key)
+            if existing is not None:  # another thread built it meanwhile: one state per session
+                return existing
+            self._sessions[key] = state
+            self._bytes += state.size
+            self._shrink()
+        return state
+
+    def _build(self, tenant: str, session_id: str) -> SessionState:
+        """A session's state as the archive holds it."""
         if self._dropped and self._barrier is not None:
             self._barrier()
         state = SessionState(tenant, session_id)
@@ -192,14 +239,47 @@ class StateStore:
             # A session that existed before (a restart, or it left the cache): what the client sent
             # before is unknown, so treat it all as sent (cached), never as new.
             state.history_len = UNKNOWN_HISTORY
-        with self._lock:
-            existing = self._sessions.get(key)
-            if existing is not None:  # another thread built it meanwhile: one state per session
-                return existing
-            self._sessions[key] = state
-            self._bytes += state.size
-            self._shrink()
         return state
+
+    @contextlib.contextmanager
+    def session(self, tenant: str, session_id: str) -> Iterator[SessionState]:
+        """The session's state, for one request (or one change) at a time. With a ledger (replicas on
+        PostgreSQL) also one at a time across processes: the state is brought up to what the database
+        holds first, and what the request decided is committed there before the next one may start."""
+        state = self.get(tenant, session_id)
+        with state.lock:
+            if self._ledger is None:
+                yield state
+                return
+            key = (tenant, session_id)
+            try:
+                with self._ledger.open(tenant, session_id) as entry:
+                    if (entry.version, entry.rows_version) != (state.version, state.rows_version):
+                        self._catch_up(state, entry)
+                    self._open[key] = entry
+                    try:
+                        yield state
+                    finally:
+                        del self._open[key]
+                        entry.snapshot = snapshot(state)
+            except BaseException as exc:
+                state.version = state.rows_version = -1  # not known to match the database: rebuild next time
+                if self._ledger.unavailable(exc):
+                    raise StorageUnavailable(f"the session store is unavailable ({type(exc).__name__}); "
+                                             "nothing was forwarded, retry") from exc
+                raise
+            state.version, state.rows_version = entry.version, entry.rows_version
+
+    def _catch_up(self, state: SessionState, entry: LedgerEntry) -> None:
+        """Another replica moved the session on: rebuild from the database (in place: other threads of
+        this process may be waiting on this state's lock), or only take its snapshot when no decision
+        row changed."""
+        if entry.rows_version != state.rows_version:
+            fresh = self._build(state.tenant, state.session_id)
+            for name in _REBUILT:
+                setattr(state, name, getattr(fresh, name))
+            self.grow(state, fresh.size - state.size)
+        restore(state, entry.snapshot)
 
     def grow(self, state: SessionState, added: int) -> None:
         """Account for bytes a state took on (results, window blocks) and keep within the budget."""
@@ -227,7 +307,11 @@ class StateStore:
                 state.lock.release()
 
     def persist(self, row: TableRow) -> None:
-        if self._persist:
+        """Through the archive writer; inside `session` with a ledger, in the session's own commit."""
+        entry = self._open.get((row.row.get("tenant"), row.row.get("session_id"))) if self._open else None
+        if entry is not None:
+            entry.rows.append(row)
+        elif self._persist:
             self._persist(row)
 
     def record(self, state: SessionState, call_id: str, content: str, tool_name: str | None,

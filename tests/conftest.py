@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
+import re
 import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,6 +18,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from proxy.app import build_app
 from proxy.config import load_config
+from tests.postgres_server import PostgresNotInstalled, PostgresServer
 from tests.servers import FakeUpstream, ServerThread
 
 
@@ -103,3 +106,45 @@ def make_proxy(tmp_path, upstream_server):
 @pytest.fixture
 def proxy(make_proxy, fake_upstream) -> RunningProxy:
     return make_proxy()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One throwaway PostgreSQL server for the whole run (tests.postgres_server), on its unix socket and
+    on 127.0.0.1:<free port> (`url(name, tcp=True)`) for other processes. Missing PostgreSQL skips the
+    tests that use it, except in CI (CI=true), where it fails them, as tests/ui does for Chromium."""
+    try:
+        server = PostgresServer.start(tcp=True)
+    except PostgresNotInstalled as missing:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"PostgreSQL tests need a server: {missing}")
+        pytest.skip(str(missing))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+_database_numbers = itertools.count(1)
+
+
+@pytest.fixture
+def postgres_url(postgres_server: PostgresServer, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A new, empty database of the session's server for this test alone; its URL over the unix socket.
+    Dropped afterwards (with the connections left open on it)."""
+    test = re.sub(r"[^a-z0-9_]+", "_", request.node.name.lower())[:40]
+    name = f"t{next(_database_numbers)}_{test}"
+    url = postgres_server.create_database(name)
+    yield url
+    with contextlib.suppress(Exception):
+        postgres_server.drop_database(name)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def archive_backend(request: pytest.FixtureRequest) -> tuple[str, str | None]:
+    """Runs a test once per archive backend: ("sqlite", None), then ("postgresql", url of a fresh
+    database). The server starts only when a postgresql case runs; without PostgreSQL that case is
+    skipped (failed in CI) and the sqlite one still runs."""
+    if request.param == "sqlite":
+        return "sqlite", None
+    return "postgresql", request.getfixturevalue("postgres_url")

@@ -260,7 +260,7 @@ def test_restart_reloads_splices_from_the_archive():
     archive = Archive()
     store = StateStore(persist=archive.persist, lookup=archive)
     made = splice_of([call("c1"), call("i1", "read_tool_result")])
-    splices.remember(store, store.get("t", "s"), made)
+    splices.remember(store, "t", "s", made)
     history_ = [*BASE, turn_of(call("c1")), result("c1")]
     before = splices.restore(history_, store.get("t", "s").splices)
 

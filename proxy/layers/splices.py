@@ -145,17 +145,16 @@ def _match(message: Any, splices: dict[Key, Splice]) -> Splice | None:
     return splice
 
 
-def remember(store: StateStore, state: SessionState, splice: Splice) -> None:
+def remember(store: StateStore, tenant: str, session_id: str, splice: Splice) -> None:
     """Keep a splice for this session (sticky) and persist the session's splices."""
-    with state.lock:
+    with store.session(tenant, session_id) as state:
         splices = state.splices
         splices.pop(splice.key, None)
         splices[splice.key] = splice
         while len(splices) > MAX_SPLICES:
             splices.pop(next(iter(splices)))
-        data = dumps(splices)
-    store.grow(state, len(orjson.dumps(splice.to_dict())))
-    store.save_memory(state, "splices", data)
+        store.grow(state, len(orjson.dumps(splice.to_dict())))
+        store.save_memory(state, "splices", dumps(splices))
 
 
 def dumps(splices: dict[Key, Splice]) -> str:

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from proxy import report
-from proxy.reader import ArchiveReader
 from proxy.session import SESSION_ID
+from proxy.store.storage import ArchiveQueries
 from proxy.ui import memory
 from proxy.ui.charts import timeline
 from proxy.ui.overview import TOTALS, filter_form, filters_from
@@ -21,7 +21,7 @@ _CHUNK = 500  # ids per `in (...)` query
 DOLLARS = (("spent_usd", "cost_usd"), ("saved_usd", "saved_usd"), ("baseline_usd", "baseline_usd"))
 
 
-def session_info(reader: ArchiveReader, ids: list[str]) -> dict[str, dict[str, Any]]:
+def session_info(reader: ArchiveQueries, ids: list[str]) -> dict[str, dict[str, Any]]:
     """Policies, models and how each session was identified (exchanges.session_source)."""
     info: dict[str, dict[str, Any]] = {}
     for start in range(0, len(ids), _CHUNK):
