@@ -10,7 +10,7 @@ import contextlib
 import hashlib
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -81,9 +81,10 @@ class SessionState:
     # Requests of one session are rewritten one at a time (the pipeline runs in worker threads).
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     size: int = _SESSION_OVERHEAD  # approximate bytes held, for the store's byte budget
-    # With a ledger (replicas): the versions of the session's committed state this copy reflects.
+    # With a ledger (replicas): the version of the session's committed state this copy reflects, and
+    # how often each kind of decision row had been written then.
     version: int = 0
-    rows_version: int = 0
+    kinds: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def internal_tools_offered(self) -> bool:
@@ -134,21 +135,46 @@ def _from_row(row: dict[str, Any]) -> StoredResult:
                         row["kind"])
 
 
-# What a rebuild replaces; the rest (lock, size, pending summaries, accounting) stays with the object.
-_REBUILT = ("by_key", "by_handle", "window", "memory", "memory_seen", "memory_last", "folded", "splices",
-            "history_len")
+KINDS = ("tool_results", "window", "working", "folded", "splices")  # the parts of a state in the archive
+
+
+class MessageDigest:
+    """A message known by its digest (the last one of a request, in a snapshot): equal to any message
+    with the same content, which is all the accounting's prefix check asks of it."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, hex_digest: str) -> None:
+        self.hex = hex_digest
+
+    def __eq__(self, other: object) -> bool:
+        return other is self or (not isinstance(other, MessageDigest) and digest(other) == self.hex)
+
+    @staticmethod
+    def of(message: Any) -> str:
+        return message.hex if isinstance(message, MessageDigest) else digest(message)
+
+
+def digest(message: Any) -> str:
+    return hashlib.sha256(orjson.dumps(message, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 def snapshot(state: SessionState) -> dict[str, Any]:
     """The sticky state that is no decision row, for the ledger: what the provider may have cached,
-    what the blocks took, and when each message first arrived (headlines show it), run-length coded."""
+    what the blocks took, when each message first arrived (headlines show it; run-length coded), and
+    the previous request as sent and as forwarded (accounting's cache estimates; the last message by
+    its digest)."""
     runs: list[list[float]] = []
     for at in state.window.first_seen:
         if runs and runs[-1][0] == at:
             runs[-1][1] += 1
         else:
             runs.append([at, 1])
-    return {"history_len": state.history_len, "injected_tokens": state.injected_tokens, "first_seen": runs}
+    previous = {name: [prefix[0], MessageDigest.of(prefix[1]), prefix[2]] if prefix else None
+                for name, prefix in (("last_client", state.last_client),
+                                     ("last_forwarded", state.last_forwarded))}
+    return {"history_len": state.history_len, "injected_tokens": state.injected_tokens, "first_seen": runs,
+            **previous}
 
 
 def restore(state: SessionState, data: dict[str, Any] | None) -> None:
@@ -156,6 +182,9 @@ def restore(state: SessionState, data: dict[str, Any] | None) -> None:
         return
     state.history_len = int(data.get("history_len", state.history_len))
     state.injected_tokens = int(data.get("injected_tokens", 0))
+    for name in ("last_client", "last_forwarded"):
+        saved = data.get(name)
+        setattr(state, name, (saved[0], MessageDigest(saved[1]), saved[2]) if saved else None)
     runs = data.get("first_seen", [])
     state.window.first_seen = [float(at) for at, count in runs for _ in range(int(count))]
 
@@ -212,34 +241,45 @@ class StateStore:
         if self._dropped and self._barrier is not None:
             self._barrier()
         state = SessionState(tenant, session_id)
-        for row in self._lookup.tool_result_rows(tenant, session_id) if self._lookup else ():
-            stored = _from_row(row)
-            state.by_key[(stored.call_id, stored.content)] = stored
-            state.by_handle[stored.handle] = stored
-            state.size += _result_size(stored)
-        memory = self._lookup.session_memory(tenant, session_id, "working") if self._lookup else None
-        if memory:
-            saved = orjson.loads(memory["data"])
-            state.memory = WorkingMemory.from_dict(saved.get("memory"))
-            state.memory_seen, state.memory_last = saved.get("seen", 0), saved.get("last")
-        folded = self._lookup.session_memory(tenant, session_id, "folded") if self._lookup else None
-        if folded:
-            state.folded = FoldedMemory.from_json(folded["data"])
-        spliced = self._lookup.session_memory(tenant, session_id, "splices") if self._lookup else None
-        if spliced:
-            state.splices, state.size = load_splices(spliced["data"]), state.size + len(spliced["data"])
-        window = self._lookup.session_window(tenant, session_id) if self._lookup else None
-        if window:
-            state.window = WindowState(
-                cut=window["cut"], last_evicted=orjson.loads(window["last_evicted"]),
-                headlines=[Headline(**h) for h in orjson.loads(window["headlines"])], block=window["block"])
-        if state.window.block:
-            state.size += len(state.window.block) * 2
+        self._load(state, KINDS)
         if state.by_handle or state.window.cut is not None or state.memory_seen:
             # A session that existed before (a restart, or it left the cache): what the client sent
             # before is unknown, so treat it all as sent (cached), never as new.
             state.history_len = UNKNOWN_HISTORY
         return state
+
+    def _load(self, state: SessionState, kinds: Iterable[str]) -> None:
+        """Read these parts of a session's state from the archive into `state`, replacing them."""
+        lookup, tenant, session_id = self._lookup, state.tenant, state.session_id
+        if lookup is None:
+            return
+        for kind in kinds:
+            if kind == "tool_results":
+                state.by_key, state.by_handle = {}, {}
+                for row in lookup.tool_result_rows(tenant, session_id):
+                    stored = _from_row(row)
+                    state.by_key[(stored.call_id, stored.content)] = stored
+                    state.by_handle[stored.handle] = stored
+                    state.size += _result_size(stored)
+            elif kind == "window":
+                window = lookup.session_window(tenant, session_id)
+                first_seen = state.window.first_seen
+                state.window = WindowState(
+                    cut=window["cut"], last_evicted=orjson.loads(window["last_evicted"]),
+                    headlines=[Headline(**h) for h in orjson.loads(window["headlines"])],
+                    block=window["block"], first_seen=first_seen) if window else WindowState()
+                state.size += len(state.window.block or "") * 2
+            else:
+                found = lookup.session_memory(tenant, session_id, kind)
+                if kind == "working":
+                    saved = orjson.loads(found["data"]) if found else {}
+                    state.memory = WorkingMemory.from_dict(saved.get("memory")) if found else WorkingMemory()
+                    state.memory_seen, state.memory_last = saved.get("seen", 0), saved.get("last")
+                elif kind == "folded":
+                    state.folded = FoldedMemory.from_json(found["data"]) if found else FoldedMemory()
+                elif kind == "splices":
+                    state.splices = load_splices(found["data"]) if found else {}
+                    state.size += len(found["data"]) if found else 0
 
     @contextlib.contextmanager
     def session(self, tenant: str, session_id: str) -> Iterator[SessionState]:
@@ -254,7 +294,7 @@ class StateStore:
             key = (tenant, session_id)
             try:
                 with self._ledger.open(tenant, session_id) as entry:
-                    if (entry.version, entry.rows_version) != (state.version, state.rows_version):
+                    if entry.version != state.version:
                         self._catch_up(state, entry)
                     self._open[key] = entry
                     try:
@@ -263,22 +303,23 @@ class StateStore:
                         del self._open[key]
                         entry.snapshot = snapshot(state)
             except BaseException as exc:
-                state.version = state.rows_version = -1  # not known to match the database: rebuild next time
+                state.version, state.kinds = -1, {}  # not known to match the database: rebuild next time
                 if self._ledger.unavailable(exc):
                     raise StorageUnavailable(f"the session store is unavailable ({type(exc).__name__}); "
                                              "nothing was forwarded, retry") from exc
                 raise
-            state.version, state.rows_version = entry.version, entry.rows_version
+            state.version, state.kinds = entry.version, dict(entry.kinds)
 
     def _catch_up(self, state: SessionState, entry: LedgerEntry) -> None:
-        """Another replica moved the session on: rebuild from the database (in place: other threads of
-        this process may be waiting on this state's lock), or only take its snapshot when no decision
-        row changed."""
-        if entry.rows_version != state.rows_version:
-            fresh = self._build(state.tenant, state.session_id)
-            for name in _REBUILT:
-                setattr(state, name, getattr(fresh, name))
-            self.grow(state, fresh.size - state.size)
+        """Another replica moved the session on: reload the parts of its state whose decision rows it
+        wrote (in place: other threads of this process may be waiting on this state's lock), then take
+        its snapshot."""
+        moved = [kind for kind in KINDS if entry.kinds.get(kind, 0) != state.kinds.get(kind, 0)]
+        if state.version < 0:
+            moved = list(KINDS)  # this copy may hold changes that were never committed
+        before = state.size
+        self._load(state, moved)
+        self.grow(state, state.size - before)
         restore(state, entry.snapshot)
 
     def grow(self, state: SessionState, added: int) -> None:

@@ -31,9 +31,18 @@ class LedgerEntry:
     """One request's view of its session in the ledger."""
 
     version: int  # 0: the session has no committed state yet
-    rows_version: int  # moves only when decision rows were written (a snapshot-only change is cheap)
     snapshot: dict[str, Any] | None
+    # How often each kind of decision row was written (tool_results, window, working, folded, splices):
+    # a replica catching up reloads only the kinds that moved.
+    kinds: dict[str, int] = field(default_factory=dict)
     rows: list[TableRow] = field(default_factory=list)  # written at commit, in order
+
+
+def row_kind(row: TableRow) -> str | None:
+    """Which part of a session's state a decision row belongs to (None: not part of it)."""
+    if row.table == "session_memory":
+        return str(row.row.get("kind"))
+    return {"tool_results": "tool_results", "session_windows": "window"}.get(row.table)
 
 
 class SessionLedger(Protocol):
@@ -55,11 +64,10 @@ def lock_key(tenant: str, session_id: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-_READ = "SELECT version, rows_version, data FROM session_state WHERE tenant = %s AND session_id = %s"
-_WRITE = ("INSERT INTO session_state (tenant, session_id, version, rows_version, data, updated_at) "
-          "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (tenant, session_id) DO UPDATE SET "
-          "version = EXCLUDED.version, rows_version = EXCLUDED.rows_version, data = EXCLUDED.data, "
-          "updated_at = EXCLUDED.updated_at")
+_READ = "SELECT version, data FROM session_state WHERE tenant = %s AND session_id = %s"
+_WRITE = ("INSERT INTO session_state (tenant, session_id, version, data, updated_at) "
+          "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (tenant, session_id) DO UPDATE SET "
+          "version = EXCLUDED.version, data = EXCLUDED.data, updated_at = EXCLUDED.updated_at")
 
 
 class PostgresLedger:
@@ -81,8 +89,8 @@ class PostgresLedger:
         with self._pool.connection() as conn, conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", [lock_key(tenant, session_id)])
             row = conn.execute(_READ, [tenant, session_id]).fetchone()
-            entry = LedgerEntry(row[0], row[1], orjson.loads(row[2]) if row[2] else None) if row else \
-                LedgerEntry(0, 0, None)
+            data = orjson.loads(row[1]) if row and row[1] else {}
+            entry = LedgerEntry(row[0] if row else 0, data.get("snapshot"), dict(data.get("kinds") or {}))
             before = entry.snapshot
             try:
                 yield entry
@@ -90,11 +98,14 @@ class PostgresLedger:
                 for item in entry.rows:
                     statement = upsert(item.table, list(item.row), item.replace)
                     conn.execute(statement, [cell(v) for v in item.row.values()])
+                    kind = row_kind(item)
+                    if kind is not None:
+                        entry.kinds[kind] = entry.kinds.get(kind, 0) + 1
                 if entry.rows or entry.snapshot != before:
-                    rows_version = entry.rows_version + (1 if entry.rows else 0)
-                    conn.execute(_WRITE, [tenant, session_id, entry.version + 1, rows_version,
-                                          orjson.dumps(entry.snapshot).decode(), utc_now()])
-                    entry.version, entry.rows_version = entry.version + 1, rows_version
+                    data = {"snapshot": entry.snapshot, "kinds": entry.kinds}
+                    conn.execute(_WRITE, [tenant, session_id, entry.version + 1, orjson.dumps(data).decode(),
+                                          utc_now()])
+                    entry.version += 1
 
     def unavailable(self, exc: BaseException) -> bool:
         from psycopg_pool import PoolTimeout

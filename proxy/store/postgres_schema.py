@@ -121,7 +121,7 @@ CREATE INDEX pins_scope ON pins (policy, tenant, session_id);
 -- a per-session advisory lock), and the sticky state that is not a decision row (proxy/store/ledger.py).
 CREATE TABLE session_state (
     tenant text NOT NULL, session_id text NOT NULL,
-    version bigint NOT NULL, rows_version bigint NOT NULL, data text, updated_at text,
+    version bigint NOT NULL, data text, updated_at text,
     PRIMARY KEY (tenant, session_id)
 );
 """),

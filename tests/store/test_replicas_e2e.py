@@ -4,10 +4,12 @@ exchange is archived once, and a recall on one replica finds what was sent throu
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import re
 import signal
+import sqlite3
 import subprocess
 import time
 from collections import defaultdict
@@ -29,6 +31,9 @@ from tests.servers import ServerThread
 from tests.test_archive_durability import free_port, serve, wait_healthy
 
 SESSIONS, TURNS = 30, 8
+ACCOUNTED = ("session_id, round, status, gate, tokens_before, tokens_after, client_cached_tokens, "
+             "forwarded_cached_tokens, summaries, masked, evicted_results, evictions, internal_rounds, "
+             "reads, recalls")
 READ_BACK, RECALL = "please read back ", "please recall "
 # Headlines show when an exchange arrived ("Mon 10:32"): two runs a minute apart differ there only.
 CLOCK = re.compile(rb"\b(Mon|Tue|Wed|Thu|Fri|Sat|Sun) \d\d:\d\d\b")
@@ -192,5 +197,15 @@ def test_two_replicas_rewrite_each_session_as_one_process_would(tmp_path, postgr
         ids = [row[0] for row in conn.execute("select id from exchanges")]
         upstream_calls = sum(len(bodies) for bodies in together.values())
         assert len(ids) == len(set(ids)) == upstream_calls  # every call archived, once
-        sessions = {row[0] for row in conn.execute("select distinct session_id from exchanges")}
-        assert {f"s{n}" for n in range(SESSIONS)} <= sessions
+        pair_rows = conn.execute(f"select {ACCOUNTED} from exchanges order by created_at, rowid").fetchall()
+    # The same figures per call, accounting's cache estimates included (they follow the session too).
+    with contextlib.closing(sqlite3.connect(tmp_path / "single" / "data-a" / "archive.db")) as db:
+        single_rows = db.execute(f"select {ACCOUNTED} from exchanges order by created_at, rowid").fetchall()
+    by_session: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
+    for row in single_rows:
+        by_session[row[0]].append(tuple(row))
+    for row in pair_rows:
+        by_session[row[0] + "/pair"].append(tuple(row))
+    for session in (f"s{n}" for n in range(SESSIONS)):
+        pair = by_session[session + "/pair"]
+        assert pair[:len(by_session[session])] == by_session[session], session
