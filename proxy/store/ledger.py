@@ -86,6 +86,7 @@ class PostgresLedger:
     def open(self, tenant: str, session_id: str) -> Iterator[LedgerEntry]:
         from proxy.store.postgres import upsert
 
+        failed: Exception | None = None
         with self._pool.connection() as conn, conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", [lock_key(tenant, session_id)])
             row = conn.execute(_READ, [tenant, session_id]).fetchone()
@@ -94,7 +95,9 @@ class PostgresLedger:
             before = entry.snapshot
             try:
                 yield entry
-            finally:  # a refused request keeps what it decided, as one process would
+            except Exception as exc:  # a refused request keeps what it decided, as one process would:
+                failed = exc          # committed, then raised outside the transaction
+            finally:
                 for item in entry.rows:
                     statement = upsert(item.table, list(item.row), item.replace)
                     conn.execute(statement, [cell(v) for v in item.row.values()])
@@ -106,6 +109,8 @@ class PostgresLedger:
                     conn.execute(_WRITE, [tenant, session_id, entry.version + 1, orjson.dumps(data).decode(),
                                           utc_now()])
                     entry.version += 1
+        if failed is not None:
+            raise failed
 
     def unavailable(self, exc: BaseException) -> bool:
         from psycopg_pool import PoolTimeout

@@ -127,3 +127,20 @@ def test_healthz_says_the_database_is_gone(tmp_path, postgres_server, postgres_u
         with psycopg.connect(postgres_server.url("postgres"), autocommit=True) as admin:
             admin.execute(f'alter database "{name}" with allow_connections true')
         assert httpx.get(f"{server.url}/healthz", timeout=30).status_code == 200
+
+
+def test_a_request_that_fails_after_deciding_keeps_its_decisions(tmp_path, postgres_url):
+    """A refusal raises after the pipeline recorded results and a ticket: as in one process, they stay."""
+    ledger = PostgresLedger(postgres_url, 2)
+    store = StateStore(persist=lambda row: None, ledger=ledger)
+    try:
+        with pytest.raises(ValueError, match="refused"), store.session("t", "s") as state:
+            store.record(state, "call_9", "original", "ls", "[summary]", "summary")
+            store.persist(TableRow("tickets", {"id": "ckpt-1", "tenant": "t", "session_id": "s"}))
+            raise ValueError("refused")
+        with psycopg.connect(postgres_url) as conn:
+            assert conn.execute("select handle from tool_results").fetchall() == [("call_9",)]
+            assert conn.execute("select id from tickets").fetchall() == [("ckpt-1",)]
+            assert conn.execute("select version from session_state").fetchall() == [(1,)]
+    finally:
+        ledger.close()
