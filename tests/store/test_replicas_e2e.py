@@ -209,3 +209,37 @@ def test_two_replicas_rewrite_each_session_as_one_process_would(tmp_path, postgr
     for session in (f"s{n}" for n in range(SESSIONS)):
         pair = by_session[session + "/pair"]
         assert pair[:len(by_session[session])] == by_session[session], session
+
+
+@pytest.mark.timeout(120)
+def test_the_official_sdk_sees_one_proxy_across_two_replicas(tmp_path, postgres_url):
+    """openai's client pointed at replica a, then b, then a: a summary made on one is read back on the
+    other, the client never sees our tools, and `ctxproxy report` on the shared archive counts it all."""
+    import openai
+
+    from proxy.cli import main
+
+    provider = Provider()
+    with ServerThread(Starlette(routes=[Route("/v1/chat/completions", provider.chat, methods=["POST"])])) \
+            as upstream:
+        pair = write_setup(tmp_path, upstream.url, postgres_url)
+        processes, urls = start(list(pair), tmp_path)
+        try:
+            clients = [openai.OpenAI(base_url=f"{url}/v1", api_key="sk-sdk-test", max_retries=0,
+                                     default_headers={"x-ctxproxy-session": "sdk"}) for url in urls]
+            for turn, client in zip((3, 4, 5), (clients[0], clients[1], clients[0]), strict=True):
+                answer = client.chat.completions.create(model="gpt-4o", messages=conversation(99, turn))
+                assert answer.choices[0].message.tool_calls is None
+                assert answer.choices[0].message.content.startswith("seen ")
+            # turn 5 asked (through replica a) for call_99_0, summarized by turn 3 or 4: the provider got
+            # the original back in an internal round
+            readback = orjson.loads(provider.bodies["99"][-1])["messages"][-1]
+            assert readback["role"] == "tool" and tool_output(99, 0) in readback["content"]
+        finally:
+            stop(processes)
+    report = tmp_path / "report.json"
+    with report.open("w") as out, contextlib.redirect_stdout(out):
+        assert main(["report", "--config", str(pair[0]), "--by", "none", "--format", "json"]) == 0
+    [totals] = orjson.loads(report.read_text())
+    assert totals["sessions"] == 1 and totals["reads"] == 1 and totals["requests"] == 3
+    assert totals["calls"] == len(provider.bodies["99"]) == 4
