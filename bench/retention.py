@@ -257,7 +257,21 @@ def format_tables(result: dict[str, Any]) -> str:
                   for sample in row.get("violation_samples") or ()]
         if broken:
             out.append("\ncodec violations: " + "; ".join(broken))
+        out.append(format_cost_split(window, data["overall"]))
     return "\n".join(out)
+
+
+def format_cost_split(window: str, overall: dict[str, Any]) -> str:
+    """Where each strategy's cost goes, as shares of the raw cost (see Tally.cost_new)."""
+    lines = [f"\nwhere the cost goes, window {window} (shares of the raw cost):\n",
+             "| strategy | cost | new messages | billed again | cached reads | requests within budget: raw "
+             "| forwarded |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for strategy, row in overall.items():
+        split = row.get("cost_split") or {}
+        cells = [row.get("cost_ratio"), split.get("new"), split.get("rebilled"), split.get("cached_reads"),
+                 split.get("raw_within_budget"), split.get("forwarded_within_budget")]
+        lines.append(f"| {strategy} | " + " | ".join("-" if c is None else f"{c:.3f}" for c in cells) + " |")
+    return "\n".join(lines)
 
 
 COMPARED = [("tokens", "token_ratio"), ("reuse", "prefix_reuse"), ("cost", "cost_ratio"),

@@ -50,7 +50,8 @@ _SUMS = ("conversations", "requests", "raw_tokens", "forwarded_tokens", "forward
          "forwarded_cost", "raw_cost_w", "forwarded_cost_w", "over_budget", "refused", "pairing_errors",
          "task_requests", "task_kept", "needles", "needles_in_prompt", "needles_reachable", "replaced",
          "recovered", "critical_total", "critical_kept", "numbers_total", "numbers_kept", "wm_conversations",
-         "wm_nonempty", "wm_in_prompt", "errors", "recalls", "reads", "codec_checked", "codec_violations")
+         "wm_nonempty", "wm_in_prompt", "errors", "recalls", "reads", "codec_checked", "codec_violations",
+         "cost_new", "cost_rebilled", "cost_reads", "raw_cost_within", "forwarded_cost_within")
 
 
 @dataclass
@@ -88,6 +89,15 @@ class Tally:
     reads: int = 0  # read_tool_result calls made to test reachability
     codec_checked: int = 0  # requests encoded in another wire format and checked (bench/format_run.py)
     codec_violations: int = 0  # of those, bodies the format's API would reject
+    # Where the forwarded cost goes: uncached tokens of messages new since the previous request (at 1.0;
+    # no strategy that forwards them can avoid them), other uncached tokens (a changed prefix billed
+    # again), cached reads (at 0.1); and the raw and forwarded cost of the requests whose raw size is
+    # within the truncation budget (what a strategy that leaves them alone cannot lower).
+    cost_new: float = 0.0
+    cost_rebilled: float = 0.0
+    cost_reads: float = 0.0
+    raw_cost_within: float = 0.0
+    forwarded_cost_within: float = 0.0
     kinds: Counter[str] = field(default_factory=Counter)
     by_kind: dict[str, list[int]] = field(default_factory=lambda: {"ids": [0, 0], "paths": [0, 0],
                                                                   "error_lines": [0, 0]})
@@ -153,6 +163,11 @@ class Tally:
             "over_budget": self.over_budget, "refused": self.refused, "pairing_errors": self.pairing_errors,
             "errors": self.errors, "error_samples": self.error_samples,
             "recall_calls": self.recalls, "read_calls": self.reads,
+            "cost_split": {"new": ratio(self.cost_new, self.raw_cost),
+                           "rebilled": ratio(self.cost_rebilled, self.raw_cost),
+                           "cached_reads": ratio(self.cost_reads, self.raw_cost),
+                           "raw_within_budget": ratio(self.raw_cost_within, self.raw_cost),
+                           "forwarded_within_budget": ratio(self.forwarded_cost_within, self.raw_cost)},
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -353,6 +368,8 @@ def run_conversation(conversation: dict[str, Any], strategies: list[Strategy], s
     last = last_call(messages)
     points = [i for i, m in enumerate(messages) if m.get("role") == "assistant" and i > 0]
     raw = [tokens.request(messages[:i], tools, model) for i in points]
+    new = [sum(tokens.message(m, model) for m in messages[start:i])
+           for start, i in zip([0, *points], points, strict=False)]
     raw_cache = Cache(tokens, model)
     raw_cached = [raw_cache.cached(messages[:i], tools) for i in points]
     task = task_index(messages)
@@ -363,7 +380,7 @@ def run_conversation(conversation: dict[str, Any], strategies: list[Strategy], s
         tally = Tally(conversations=1)
         try:
             _run_strategy(strategy, messages, points, raw, raw_cached, task, task_text, wanted, setting,
-                          tokens, tools, tally)
+                          tokens, tools, tally, new)
         except Exception as exc:  # reported, never fatal: the other strategies go on
             sample = f"{conversation.get('id')}: {type(exc).__name__}: {exc}"
             tally = Tally(errors=1, error_samples=[sample[:ERROR_CHARS]])
@@ -373,7 +390,8 @@ def run_conversation(conversation: dict[str, Any], strategies: list[Strategy], s
 
 def _run_strategy(strategy: Strategy, messages: list[dict[str, Any]], points: list[int], raw: list[int],
                   raw_cached: list[int], task: int | None, task_text: str | None, wanted: set[str],
-                  setting: Setting, tokens: TokenCounter, tools: list[Any] | None, tally: Tally) -> None:
+                  setting: Setting, tokens: TokenCounter, tools: list[Any] | None, tally: Tally,
+                  new: list[int]) -> None:
     cache = Cache(tokens, setting.model)
     sent: Sent | None = None
     for number, index in enumerate(points):
@@ -391,6 +409,12 @@ def _run_strategy(strategy: Strategy, messages: list[dict[str, Any]], points: li
         tally.forwarded_cached += cached
         tally.raw_cost += raw_hit * CACHED_PRICE + raw_tokens - raw_hit
         tally.forwarded_cost += cached * CACHED_PRICE + sent.tokens - cached
+        tally.cost_new += min(new[number], sent.tokens - cached)
+        tally.cost_rebilled += max(0, sent.tokens - cached - new[number])
+        tally.cost_reads += cached * CACHED_PRICE
+        if raw_tokens <= setting.truncation_budget:
+            tally.raw_cost_within += raw_hit * CACHED_PRICE + raw_tokens - raw_hit
+            tally.forwarded_cost_within += cached * CACHED_PRICE + sent.tokens - cached
         tally.raw_cost_w += cost_w(raw_tokens, raw_hit)
         tally.forwarded_cost_w += cost_w(sent.tokens, cached)
         tally.over_budget += sent.tokens > setting.window
