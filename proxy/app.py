@@ -338,7 +338,9 @@ def build_app(config: Config, *, transport: httpx.AsyncBaseTransport | None = No
             config=config, policies=policies,
             upstreams=upstreams(config, transport),
             archive=archive, tokens=tokens, metrics=metrics,
-            store=StateStore(persist=archive.submit, lookup=reader, barrier=archive.flush,
+            # (with a ledger, decisions are committed in line: nothing to wait for before a rebuild)
+            store=StateStore(persist=archive.submit, lookup=reader,
+                             barrier=None if storage.ledger else archive.flush,
                              budget_bytes=config.server.state_cache_bytes, ledger=storage.ledger),
             reader=reader,
             pins=storage.pins, storage=storage)

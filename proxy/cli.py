@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import logging
 import sys
@@ -76,7 +77,8 @@ def _reader(args: argparse.Namespace):
 
 
 def cmd_sessions(args: argparse.Namespace) -> int:
-    rows = _reader(args).sessions(limit=args.limit)
+    with contextlib.closing(_reader(args)) as reader:  # (PostgreSQL: a pool, closed)
+        rows = reader.sessions(limit=args.limit)
     if args.json:
         print(orjson.dumps(rows).decode())
         return 0
@@ -92,17 +94,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     from proxy import report
 
     filters = report.Filters(session=args.session, policy=args.policy, model=args.model, since=args.since)
-    reader = _reader(args)
     by = args.by or ("none" if args.session else "policy")
-    rows = [report.totals(reader, filters)] if by == "none" else report.grouped(reader, by, filters)
-    if by != "none" and args.format == "table":
-        rows.append({"key": "(all)", **report.totals(reader, filters)})
+    with contextlib.closing(_reader(args)) as reader:
+        rows = [report.totals(reader, filters)] if by == "none" else report.grouped(reader, by, filters)
+        if by != "none" and args.format == "table":
+            rows.append({"key": "(all)", **report.totals(reader, filters)})
     print(report.render(rows, args.format, key=None if by == "none" else by))
     return 0
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    messages = _reader(args).conversation(args.session)
+    with contextlib.closing(_reader(args)) as reader:
+        messages = reader.conversation(args.session)
     if not messages:
         print(f"no session {args.session!r} in the archive", file=sys.stderr)
         return 1
@@ -122,7 +125,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    rows = _reader(args).search(args.query, session_id=args.session, limit=args.limit)
+    with contextlib.closing(_reader(args)) as reader:
+        rows = reader.search(args.query, session_id=args.session, limit=args.limit)
     if args.json:
         print(orjson.dumps(rows).decode())
         return 0
@@ -164,20 +168,20 @@ def cmd_pin(args: argparse.Namespace) -> int:
 
     config = _config(args)
     policy = PolicyStore(config.policies_dir).get(args.policy)
-    store = open_pins(config, TokenCounter())
-    if args.pin_command == "add":
-        if (args.file is None) == (args.text is None):
-            print("ctxproxy pin add: give a FILE or --text TEXT", file=sys.stderr)
-            return 2
-        content = Path(args.file).read_text(encoding="utf-8") if args.file else args.text
-        pin = store.add(policy, content, name=Path(args.file).name if args.file else "note")
-        print(f"{pin.id}  {pin.tokens} tokens pinned to policy {policy.name!r}")
-    elif args.pin_command == "rm":
-        store.remove(policy.name, args.id)
-        print(f"removed {args.id}")
-    else:
-        for pin in store.list(policy.name):
-            print(f"{pin.id}  {pin.name:<24} {pin.tokens:>7} tokens  {pin.content[:60]!r}")
+    if args.pin_command == "add" and (args.file is None) == (args.text is None):
+        print("ctxproxy pin add: give a FILE or --text TEXT", file=sys.stderr)
+        return 2
+    with contextlib.closing(open_pins(config, TokenCounter())) as store:
+        if args.pin_command == "add":
+            content = Path(args.file).read_text(encoding="utf-8") if args.file else args.text
+            pin = store.add(policy, content, name=Path(args.file).name if args.file else "note")
+            print(f"{pin.id}  {pin.tokens} tokens pinned to policy {policy.name!r}")
+        elif args.pin_command == "rm":
+            store.remove(policy.name, args.id)
+            print(f"removed {args.id}")
+        else:
+            for pin in store.list(policy.name):
+                print(f"{pin.id}  {pin.name:<24} {pin.tokens:>7} tokens  {pin.content[:60]!r}")
     return 0
 
 

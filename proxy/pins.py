@@ -107,12 +107,13 @@ class PinStore:
         if url is not None:
             from psycopg.rows import dict_row
 
-            from proxy.store.postgres import first_connection
+            from proxy.store.postgres import decode_text, encode_text, first_connection
             from proxy.store.sql import QmarkConnection
 
             conn = first_connection(url)
             conn.row_factory = dict_row
-            self._conn = QmarkConnection(conn)
+            # A pin's text may hold NUL, which PostgreSQL text cannot: stored encoded, read back exactly.
+            self._conn = QmarkConnection(conn, encode=encode_text, decode=decode_text)
         else:
             assert db_path is not None
             open_database(db_path).close()  # create (0600) and migrate if needed

@@ -252,7 +252,7 @@ def test_disconnect_mid_stream_cancels_upstream(proxy, fake_upstream):
 
 
 def test_healthz_and_metrics(proxy, fake_upstream):
-    assert httpx.get(f"{proxy.url}/healthz").json() == {"status": "ok", "database": "sqlite"}
+    assert httpx.get(f"{proxy.url}/healthz").json() == {"status": "ok", "database": proxy.backend}
     httpx.post(f"{proxy.url}/v1/chat/completions",
                json={"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]})
     text = httpx.get(f"{proxy.url}/metrics").text

@@ -13,9 +13,12 @@ from hypothesis import strategies as st
 from proxy import archive_rows
 from proxy.archive import ArchiveWriter, ExchangeRecord, utc_now
 from proxy.reader import ArchiveReader
+from proxy.store import postgres_schema
+from tests.conftest import BOTH_BACKENDS
 from tests.servers import Step
 
 
+@BOTH_BACKENDS
 def test_twenty_turn_conversation_stores_each_message_once(proxy, fake_upstream):
     client = proxy.client()
     messages = [{"role": "system", "content": "You are terse."}]
@@ -28,12 +31,13 @@ def test_twenty_turn_conversation_stores_each_message_once(proxy, fake_upstream)
     # nodes the client resends, so nothing is stored twice (20 requests x ~20 messages = ~400 sent).
     assert next(proxy.query("select count(*) as n from messages"))["n"] == 41
     assert next(proxy.query("select count(*) as n from exchanges"))["n"] == 20
-    reader = ArchiveReader(proxy.data_dir / "archive.db")
+    reader = proxy.reader()
     sessions = reader.sessions()
     assert len(sessions) == 1 and sessions[0]["turns"] == 20
     assert reader.conversation(sessions[0]["session_id"]) == messages
 
 
+@BOTH_BACKENDS
 def test_exchange_rows_carry_usage_tokens_and_session(proxy, fake_upstream):
     client = proxy.client()
     client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}],
@@ -47,17 +51,19 @@ def test_exchange_rows_carry_usage_tokens_and_session(proxy, fake_upstream):
     assert row["latency_ms"] >= row["upstream_ms"] > 0
 
 
+@BOTH_BACKENDS
 def test_streamed_answer_is_recorded_as_one_message(proxy, fake_upstream):
     stream = proxy.client().chat.completions.create(
         model="gpt-4o", messages=[{"role": "user", "content": "stream please"}], stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "echo: stream please"
     proxy.flush()
-    reader = ArchiveReader(proxy.data_dir / "archive.db")
+    reader = proxy.reader()
     [session] = reader.sessions()
     conversation = reader.conversation(session["session_id"])
     assert conversation[-1] == {"role": "assistant", "content": "echo: stream please"}
 
 
+@BOTH_BACKENDS
 def test_failed_exchange_is_still_recorded(proxy, fake_upstream):
     fake_upstream.then(Step(kind="error", status=503, body=b'{"error":{"message":"overloaded"}}'))
     response = httpx.post(f"{proxy.url}/v1/chat/completions",
@@ -69,23 +75,30 @@ def test_failed_exchange_is_still_recorded(proxy, fake_upstream):
     assert row["request_leaf"]
 
 
+@BOTH_BACKENDS
 def test_archive_is_private_and_holds_no_api_key(proxy, fake_upstream):
     secret = "sk-live-SECRET-0123456789"
     proxy.client(api_key=secret).chat.completions.create(
         model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
     proxy.flush()
-    path = proxy.data_dir / "archive.db"
-    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    for candidate in (p for p in path.parent.rglob("*") if p.is_file()):  # the spool too
+    if proxy.backend == "sqlite":
+        assert stat.S_IMODE(os.stat(proxy.data_dir / "archive.db").st_mode) == 0o600
+    for candidate in (p for p in proxy.data_dir.rglob("*") if p.is_file()):  # the spool too
         assert secret.encode() not in candidate.read_bytes()
         assert b"SECRET-0123456789" not in candidate.read_bytes()
+    if proxy.backend == "postgresql":  # every row of every table, as PostgreSQL prints it
+        for table in (*postgres_schema.PRIMARY_KEYS, "message_chunks"):
+            for row in proxy.query(f"select t::text as r from {table} t"):
+                assert "SECRET-0123456789" not in row["r"]
+                assert b"SECRET-0123456789".hex() not in row["r"], table  # bytea prints as hex
 
 
+@BOTH_BACKENDS
 def test_search_finds_archived_text(proxy, fake_upstream):
     proxy.client().chat.completions.create(
         model="gpt-4o", messages=[{"role": "user", "content": "the deploy failed with ERR_QUOTA_42"}])
     proxy.flush()
-    reader = ArchiveReader(proxy.data_dir / "archive.db")
+    reader = proxy.reader()
     hits = reader.search("ERR_QUOTA_42 deploy")
     assert hits and "[ERR_QUOTA_42]" in hits[0]["snippet"]
     assert reader.search('"unbalanced AND (') == []  # user text is never FTS syntax

@@ -15,6 +15,7 @@ import textwrap
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -35,7 +36,9 @@ from proxy.archive import (
 from proxy.cli import main as cli_main
 from proxy.errors import ConfigError
 from proxy.reader import ArchiveReader
-from tests.conftest import write_config
+from proxy.store.postgres import NUL_MARK, PostgresTarget
+from proxy.store.postgres_reader import PostgresReader
+from tests.conftest import BOTH_BACKENDS, write_config
 from tests.servers import Step, sse
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,6 +77,36 @@ def count(db_path: Path, sql: str, params: tuple = ()) -> int:
 @pytest.fixture
 def archive_path(tmp_path: Path) -> Path:
     return tmp_path / "data" / "archive.db"
+
+
+@dataclass
+class Archive:
+    """The writer and the read side of one archive on the test's backend (conftest.archive_backend)."""
+
+    path: Path  # the SQLite archive, or where the PostgreSQL writer keeps its spool
+    url: str | None  # PostgreSQL: the database
+
+    def writer(self) -> ArchiveWriter:
+        url = self.url
+        return ArchiveWriter(self.path, target=(lambda: PostgresTarget(url)) if url else None)
+
+    def reader(self) -> ArchiveReader | PostgresReader:
+        return PostgresReader(self.url) if self.url else ArchiveReader(self.path)
+
+    def exchange(self, exchange_id: str) -> dict:
+        if self.url is None:
+            return exchange(self.path, exchange_id)
+        reader = PostgresReader(self.url)
+        try:
+            rows = reader.rows("select * from exchanges where id = ?", [exchange_id])
+        finally:
+            reader.close()
+        return rows[0] if rows else {}
+
+
+@pytest.fixture
+def archive(archive_path: Path, archive_backend: tuple[str, str | None]) -> Archive:
+    return Archive(archive_path, archive_backend[1])
 
 
 class Blocker:
@@ -126,8 +159,8 @@ WRONG_STREAMS = {
 }
 
 
-def test_any_upstream_body_is_archived_raw_with_the_problem_named(archive_path):
-    writer = ArchiveWriter(archive_path)
+def test_any_upstream_body_is_archived_raw_with_the_problem_named(archive):
+    writer = archive.writer()
     cases = {f"body {name}": record(f"b{i}", body=body)
              for i, (name, body) in enumerate(WRONG_BODIES.items())}
     cases |= {f"stream {name}": record(f"s{i}", chunks=chunks)
@@ -139,38 +172,38 @@ def test_any_upstream_body_is_archived_raw_with_the_problem_named(archive_path):
     writer.submit(record("huge-int", body=huge))  # valid JSON that orjson refuses
     writer.close()
     for name, item in cases.items():
-        row = exchange(archive_path, item.id)
+        row = archive.exchange(item.id)
         assert row, f"{name}: exchange not archived"
         assert row["status"] == 200 and row["request_leaf"], name
         assert row["parse_error"], f"{name}: the problem is not named"
         raw = b"".join(item.response_chunks) if item.stream else item.response_body
         assert row["response_raw"] == raw, f"{name}: raw response not kept"
-    good = exchange(archive_path, "ex-good")
+    good = archive.exchange("ex-good")
     assert good["parse_error"] is None and good["response_raw"] is None
     assert good["prompt_tokens"] == 3 and good["response_message_id"]
     # What could be read is still used: the message next to a bad usage, the deltas around bad events.
-    assert exchange(archive_path, "ex-b12")["response_message_id"]
-    assert exchange(archive_path, "ex-b13")["prompt_tokens"] is None
-    reader = ArchiveReader(archive_path)
-    big = exchange(archive_path, "ex-huge-int")
+    assert archive.exchange("ex-b12")["response_message_id"]
+    assert archive.exchange("ex-b13")["prompt_tokens"] is None
+    reader = archive.reader()
+    big = archive.exchange("ex-huge-int")
     assert big["parse_error"] is None
     assert reader.chain(big["response_message_id"])[-1]["n"] == int("9" * 40)
-    mixed = exchange(archive_path, f"ex-s{list(WRONG_STREAMS).index('mixed')}")
+    mixed = archive.exchange(f"ex-s{list(WRONG_STREAMS).index('mixed')}")
     assert reader.chain(mixed["response_message_id"])[-1]["content"] == "partial"
     reader.close()
 
 
-def test_error_answers_keep_their_text_and_huge_ones_their_bytes(archive_path):
-    writer = ArchiveWriter(archive_path)
+def test_error_answers_keep_their_text_and_huge_ones_their_bytes(archive):
+    writer = archive.writer()
     huge = b'{"error":{"message":"' + b"x" * 100_000 + b'"}}'
     writer.submit(record("e1", status=503, body=b'{"error":"overloaded"}'))
     writer.submit(record("e2", status=500, body=huge))
     writer.close()
-    assert "overloaded" in exchange(archive_path, "ex-e1")["error"]
-    assert exchange(archive_path, "ex-e2")["response_raw"] == huge
+    assert "overloaded" in archive.exchange("ex-e1")["error"]
+    assert archive.exchange("ex-e2")["response_raw"] == huge
 
 
-def test_lone_surrogates_are_stored_and_read_back_exactly(archive_path):
+def test_lone_surrogates_are_stored_and_read_back_exactly(archive):
     messages = [{"role": "user", "content": "half an emoji \ud83d and \udc00 alone"},
                 {"role": "assistant", "content": None, "tool_calls": [
                     {"id": "c\ud800", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]
@@ -178,17 +211,17 @@ def test_lone_surrogates_are_stored_and_read_back_exactly(archive_path):
     item = record("sur", model="\ud800", session="sess\udfff", tenant="ten\ud800", messages=messages,
                   body=body)
     item.params = {"metadata": {"note": "\ud800"}}
-    writer = ArchiveWriter(archive_path)
+    writer = archive.writer()
     writer.submit(item)
     writer.submit(TableRow("tool_results", {
         "tenant": "t", "session_id": "s", "handle": "h1", "call_id": "h1", "content_hash": "x",
         "tool_name": "sh", "content": "out \ud800", "replacement": "r", "kind": "summary",
         "created_at": utc_now()}))
     writer.close()
-    row = exchange(archive_path, "ex-sur")
+    row = archive.exchange("ex-sur")
     assert row["model"] == "\\ud800" and row["response_id"] == "r\\ud800"
     assert row["parse_error"] is None
-    reader = ArchiveReader(archive_path)
+    reader = archive.reader()
     assert reader.chain(row["request_leaf"]) == messages  # exact, surrogates included
     assert reader.chain(row["response_message_id"])[-1]["content"] == "cut \ud83d"
     assert json.loads(row["params"]) == {"metadata": {"note": "\ud800"}}
@@ -196,6 +229,47 @@ def test_lone_surrogates_are_stored_and_read_back_exactly(archive_path):
     hits = reader.search("emoji", tenant="ten\ud800")
     assert len(hits) == 1 and "[emoji]" in hits[0]["snippet"]
     reader.close()
+
+
+def test_nul_is_stored_and_read_back_exactly(archive):
+    """PostgreSQL text holds no NUL (SQLite's does): every row holding one is still written, never set
+    aside as rejected, and reads back as it was; so does a text that merely looks like an encoded one."""
+    looks_encoded = NUL_MARK + '"x"'
+    messages = [{"role": "user", "content": "run \x00 it"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "c\x00", "type": "function", "function": {"name": "f\x00", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c\x00", "content": "out\x00put"}]
+    item = record("nul", session="s", tenant="t", messages=messages, status=500, body=b"boom\x00 at 0x00")
+    writer = archive.writer()
+    writer.submit(item)
+    now = utc_now()
+    writer.submit(TableRow("tool_results", {
+        "tenant": "t", "session_id": "s", "handle": "h1", "call_id": "h1", "content_hash": "x",
+        "tool_name": "sh\x00", "content": "a\x00b\x00", "replacement": looks_encoded, "kind": "summary",
+        "created_at": now}))
+    writer.submit(TableRow("session_windows", {
+        "tenant": "t", "session_id": "s", "cut": 3, "last_evicted": "m", "headlines": "[\"h\\u0000\"]",
+        "block": "evicted \x00 here", "updated_at": now}))
+    writer.submit(TableRow("session_memory", {"tenant": "t", "session_id": "s", "kind": "working",
+                                              "data": looks_encoded + "\x00", "updated_at": now}))
+    writer.close()
+    assert not list((archive.path.parent / "spool").glob("rejected-*")), "a row was set aside"
+    row = archive.exchange("ex-nul")
+    assert row["error"] == "boom\x00 at 0x00"
+    reader = archive.reader()
+    try:
+        assert reader.chain(row["request_leaf"]) == messages
+        [result] = reader.tool_result_rows("t", "s")
+        assert (result["tool_name"], result["content"], result["replacement"]) == \
+            ("sh\x00", "a\x00b\x00", looks_encoded)
+        assert reader.tool_result_by_handle("t", "h1")["content"] == "a\x00b\x00"
+        assert reader.session_window("t", "s")["block"] == "evicted \x00 here"
+        assert reader.session_memory("t", "s", "working")["data"] == looks_encoded + "\x00"
+        assert reader.rows("select content from tool_results where tool_name = ?", ["sh\x00"]) == \
+            [{"content": "a\x00b\x00"}]
+        assert [hit["role"] for hit in reader.search("run", tenant="t")] == ["user"]  # searchable too
+    finally:
+        reader.close()
 
 
 def test_request_params_drop_secrets_at_any_depth_without_touching_the_body():
@@ -224,6 +298,7 @@ def test_request_params_drop_secrets_at_any_depth_without_touching_the_body():
         assert mcp["headers"] == {"Authorization": "Bearer sk-5"}  # not mutated
 
 
+@BOTH_BACKENDS
 def test_wrong_shaped_answers_through_the_server_are_archived(proxy, fake_upstream):
     bodies = [b"not json at all", b"[1,2,3]", b'{"choices":[null]}', b'{"choices":[{"message":7}]}',
               b'{"choices":[{"message":{"role":"assistant","content":"ok"}}],"usage":[1]}']
@@ -240,12 +315,13 @@ def test_wrong_shaped_answers_through_the_server_are_archived(proxy, fake_upstre
                             "messages": [{"role": "user", "content": "qs"}]}) as response:
         response.read()
     proxy.flush()
-    db = proxy.data_dir / "archive.db"
     for session in [f"raw-{n}" for n in range(len(bodies))] + ["raw-s"]:
-        assert count(db, "select count(*) from exchanges where session_id = ? and parse_error is not null "
-                         "and response_raw is not null", (session,)) == 1, session
+        [row] = proxy.query("select count(*) as n from exchanges where session_id = ? and parse_error is not "
+                            "null and response_raw is not null", (session,))
+        assert row["n"] == 1, session
 
 
+@BOTH_BACKENDS
 def test_lone_surrogates_through_the_server(proxy, fake_upstream):
     # The model's answer carries a lone surrogate (a cut emoji): relayed as sent, archived safely.
     answer = (b'{"id":"r1","model":"\\ud800","choices":[{"index":0,"message":{"role":"assistant",'
@@ -261,8 +337,7 @@ def test_lone_surrogates_through_the_server(proxy, fake_upstream):
                         headers={"content-type": "application/json", "x-ctxproxy-session": "sur-2"})
     assert second.status_code in (200, 400), second.text  # accepted, or refused naming the field
     proxy.flush()
-    db = proxy.data_dir / "archive.db"
-    reader = ArchiveReader(db)
+    reader = proxy.reader()
     [row] = reader.exchanges("sur-1")
     assert row["parse_error"] is None
     assert reader.chain(row["response_message_id"])[-1]["content"] == "cut \ud83d"
@@ -275,7 +350,6 @@ def test_lone_surrogates_through_the_server(proxy, fake_upstream):
                                            extra_headers={"x-ctxproxy-session": "sur-3"})
     proxy.flush()
     assert len(reader.exchanges("sur-3")) == 1
-    reader.close()
 
 
 # ------------------------------------------------------------------------ busy database, back-pressure
@@ -468,7 +542,7 @@ def test_one_writer_per_data_dir(archive_path):
         ArchiveWriter(archive_path)
     message = refused.value.message
     assert f"another ctxproxy process is using {archive_path.parent} (pid {os.getpid()})" in message
-    assert "PostgreSQL" in message
+    assert "archive.url: postgresql://" in message  # several processes: replicas on PostgreSQL
     reader = ArchiveReader(archive_path)  # readers (the CLI) are welcome meanwhile
     assert reader.sessions() == []
     first.close()

@@ -15,7 +15,6 @@ import orjson
 import pytest
 
 from proxy import pipeline
-from proxy.reader import ArchiveReader
 
 TOOLS = [{"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}]
 
@@ -73,14 +72,15 @@ def test_pipeline_runs_off_the_event_loop(proxy, fake_upstream, monkeypatch):
 def test_recall_runs_off_the_event_loop(make_proxy, fake_upstream, monkeypatch):
     proxy = make_proxy()
     entered, release = threading.Event(), threading.Event()
-    real_search = ArchiveReader.search
+    reader_class = type(proxy.state.reader)  # ArchiveReader, or PostgresReader
+    real_search = reader_class.search
 
     def held_search(self, query, **kwargs):
         entered.set()
         assert release.wait(20), "the probes never came through"
         return real_search(self, query, **kwargs)
 
-    monkeypatch.setattr(ArchiveReader, "search", held_search)
+    monkeypatch.setattr(reader_class, "search", held_search)
     result: dict = {}
 
     def send() -> None:

@@ -7,6 +7,7 @@ import time
 import httpx
 import orjson
 
+from tests.conftest import BOTH_BACKENDS
 from tests.servers import Seen, Step
 
 PAGES = [{"id": f"page-{i}", "title": f"Page {i}"} for i in range(1, 8)]
@@ -25,6 +26,7 @@ def call(call_id: str, name: str, arguments: dict) -> dict:
             "function": {"name": name, "arguments": orjson.dumps(arguments).decode()}}
 
 
+@BOTH_BACKENDS
 def test_working_memory_block_names_recent_entities_before_the_last_user_message(make_proxy, fake_upstream):
     proxy = make_proxy()
     (proxy.policies_dir / "wm.yaml").write_text("working_memory:\n  enabled: true\n  inject: always\n")
@@ -70,6 +72,7 @@ def episode_answer(seen: Seen) -> Step:
     }).decode() + "\n```")
 
 
+@BOTH_BACKENDS
 def test_folded_memory_round_trip_with_a_scripted_model(make_proxy, fake_upstream):
     proxy = make_proxy()
     (proxy.policies_dir / "fold.yaml").write_text(

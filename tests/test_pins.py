@@ -8,6 +8,7 @@ import pytest
 from proxy.cli import main
 from proxy.errors import ConfigError
 from proxy.policy import load_policy_file
+from tests.conftest import BOTH_BACKENDS
 
 
 def write_policy(folder, name="proj", max_tokens=100_000, files=("notes.md",)):
@@ -41,6 +42,7 @@ def test_pinned_block_follows_the_system_prompt_and_keeps_the_prefix_stable(make
     assert second[:3] == first[:3]  # pinned unchanged -> identical prefix
 
 
+@BOTH_BACKENDS
 def test_runtime_pins_from_the_cli(make_proxy, fake_upstream, capsys):
     proxy = make_proxy()
     write_policy(proxy.policies_dir, max_tokens=60)
@@ -80,6 +82,7 @@ def test_pin_slash_commands(make_proxy, fake_upstream, command):
     assert removed.choices[0].message.content == f"Unpinned {pin_id}."
 
 
+@BOTH_BACKENDS
 def test_admin_pins_api(make_proxy, fake_upstream, monkeypatch):
     monkeypatch.setenv("CTXPROXY_ADMIN", "tok")
     proxy = make_proxy({"admin": {"token_env": "CTXPROXY_ADMIN"}})

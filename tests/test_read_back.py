@@ -1,6 +1,7 @@
 """read_tool_result reads back any tool result the model was sent, from the archive when the state store
 recorded nothing for it (issue 9: an evicted result that was never summarized answered "no stored tool
-result"). Real archive files, written by the real writer; one API key never reads another's."""
+result"). Real archives, written by the real writer, on each backend (SQLite, and a PostgreSQL database
+through PostgresReader); one API key never reads another's."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from proxy.archive import ArchiveWriter, ExchangeRecord, TableRow, utc_now
 from proxy.internal_tools import ToolContext, execute
 from proxy.reader import ArchiveReader
 from proxy.state import StateStore
+from proxy.store.postgres import PostgresTarget
+from proxy.store.postgres_reader import PostgresReader
 
 # Exact bytes: non-ASCII, a CRLF, trailing spaces and no final newline must all come back as sent.
 LOG = "\n".join(f"step {i}: built módulo_{i} in {i * 3} ms  " for i in range(1, 40)) + "\r\nexit 0"
@@ -37,8 +40,10 @@ def record(n: int, messages: list[dict], *, tenant: str = TENANT, session: str =
                           response_body=answer(response or {"role": "assistant", "content": "ok"}))
 
 
-def write(path: Path, *records: ExchangeRecord | TableRow) -> None:
-    writer = ArchiveWriter(path)
+def write(path: Path, *records: ExchangeRecord | TableRow, url: str | None = None) -> None:
+    """The records through the real writer: into the SQLite archive at `path`, or (url) into PostgreSQL
+    with `path`'s folder holding the writer's spool."""
+    writer = ArchiveWriter(path, target=(lambda: PostgresTarget(url)) if url else None)
     for item in records:
         writer.submit(item)
     writer.close()
@@ -55,21 +60,31 @@ def read(store: StateStore, handle: str, tenant: str = TENANT, session: str = "s
                    context(store, tenant, session))
 
 
+def open_reader(path: Path, url: str | None = None) -> ArchiveReader | PostgresReader:
+    return PostgresReader(url) if url else ArchiveReader(path)
+
+
 @pytest.fixture
-def archive(tmp_path: Path) -> Path:
+def url(archive_backend: tuple[str, str | None]) -> str | None:
+    """None (SQLite), or the URL of this test's PostgreSQL database: each test runs on both."""
+    return archive_backend[1]
+
+
+@pytest.fixture
+def archive(tmp_path: Path, url: str | None) -> Path:
     path = tmp_path / "data" / "archive.db"
     turn = [{"role": "system", "content": "You are a build agent."},
             {"role": "user", "content": "Build it."},
             {"role": "assistant", "content": None, "tool_calls": [call("call_make")]},
             {"role": "tool", "tool_call_id": "call_make", "content": LOG}]
     later = [*turn, {"role": "assistant", "content": "Built."}, {"role": "user", "content": "Now test."}]
-    write(path, record(1, turn), record(2, later))
+    write(path, record(1, turn), record(2, later), url=url)
     return path
 
 
 @pytest.fixture
-def store(archive: Path):
-    reader = ArchiveReader(archive)
+def store(archive: Path, url: str | None):
+    reader = open_reader(archive, url)
     yield StateStore(lookup=reader)
     reader.close()
 
@@ -96,7 +111,7 @@ def test_the_same_key_reads_it_from_another_session(store):
     assert read(store, "call_make", session="s2") == LOG
 
 
-def test_reused_call_ids_are_numbered_like_new_handle(tmp_path):
+def test_reused_call_ids_are_numbered_like_new_handle(tmp_path, url):
     path = tmp_path / "archive.db"
     first = [{"role": "user", "content": "go"},
              {"role": "assistant", "content": None, "tool_calls": [call("call_0")]},
@@ -109,8 +124,9 @@ def test_reused_call_ids_are_numbered_like_new_handle(tmp_path):
                  first[0], first[1],
                  {"role": "tool", "tool_call_id": "call_0",
                   "content": "[ctxproxy summary of tool result call_id=call_0: ...]\nfirst"}, *second[3:]]
-    write(path, record(1, first), record(2, second, forwarded=forwarded), record(3, [*second, *second[3:]]))
-    reader = ArchiveReader(path)
+    write(path, record(1, first), record(2, second, forwarded=forwarded), record(3, [*second, *second[3:]]),
+          url=url)
+    reader = open_reader(path, url)
     store = StateStore(lookup=reader)
     assert read(store, "call_0") == "first output"
     assert read(store, "call_0#2") == "second output"
@@ -118,26 +134,26 @@ def test_reused_call_ids_are_numbered_like_new_handle(tmp_path):
     reader.close()
 
 
-def test_recorded_results_come_first(archive):
+def test_recorded_results_come_first(archive, url):
     write(archive, TableRow("tool_results", {
         "tenant": TENANT, "session_id": "s1", "handle": "obs-0123456789ab", "call_id": "obs-0123456789ab",
         "content_hash": "x", "tool_name": None, "content": "an observation", "replacement": "",
-        "kind": "evicted", "created_at": utc_now()}))
-    reader = ArchiveReader(archive)
+        "kind": "evicted", "created_at": utc_now()}), url=url)
+    reader = open_reader(archive, url)
     store = StateStore(lookup=reader)
     assert read(store, "obs-0123456789ab") == "an observation"
     assert "no stored tool result" in read(store, "obs-0123456789ab", tenant="globex")
     reader.close()
 
 
-def test_the_proxys_own_results_are_not_read_back(tmp_path):
+def test_the_proxys_own_results_are_not_read_back(tmp_path, url):
     path = tmp_path / "archive.db"
     history = [{"role": "user", "content": "what was the key?"}]
     internal = {"role": "assistant", "content": None,
                 "tool_calls": [call("int_1", "recall", '{"query": "key"}')]}
     rounds = [*history, internal, {"role": "tool", "tool_call_id": "int_1", "content": "recall 'key': ..."}]
-    write(path, record(1, history, response=internal), record(2, history, forwarded=rounds))
-    reader = ArchiveReader(path)
+    write(path, record(1, history, response=internal), record(2, history, forwarded=rounds), url=url)
+    reader = open_reader(path, url)
     store = StateStore(lookup=reader)
     assert "no stored tool result" in read(store, "int_1")
     reader.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import httpx
 import orjson
 
+from tests.conftest import BOTH_BACKENDS
 from tests.servers import Seen, Step
 from tests.test_window_e2e import SECRET, history_with_secret, post, tool_turn, windowed  # noqa: F401
 
@@ -36,6 +37,7 @@ def left_the_prompt(proxy, fake_upstream) -> list[dict]:
     return messages
 
 
+@BOTH_BACKENDS
 def test_recall_names_the_call_and_read_tool_result_reads_it_back(windowed, fake_upstream):  # noqa: F811
     messages = left_the_prompt(windowed, fake_upstream)
     client = windowed.client(api_key="key-1", base_url=f"{windowed.url}/p/w16k/v1")

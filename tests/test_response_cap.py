@@ -3,8 +3,6 @@ keeps a marked prefix of them."""
 
 from __future__ import annotations
 
-import sqlite3
-
 import orjson
 
 from tests.servers import Step, completion, huge_stream
@@ -13,12 +11,10 @@ CAP = 100_000
 BIG = 1_000_000
 
 
-def archived_rows(proxy) -> list[sqlite3.Row]:
+def archived_rows(proxy) -> list[dict]:
     proxy.flush()
-    with sqlite3.connect(proxy.data_dir / "archive.db") as db:
-        db.row_factory = sqlite3.Row
-        return db.execute("select status, stream, response_truncated, response_raw, parse_error, error "
-                          "from exchanges order by rowid").fetchall()
+    return list(proxy.query("select status, stream, response_truncated, response_raw, parse_error, error "
+                            "from exchanges order by rowid"))
 
 
 def test_a_non_streamed_answer_over_the_cap_is_relayed_whole_and_archived_as_a_marked_prefix(

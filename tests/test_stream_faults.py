@@ -8,7 +8,6 @@ broken whole answer must be an OpenAI-shaped 502/504, and the archive must name 
 from __future__ import annotations
 
 import socket
-import sqlite3
 import time
 
 import httpx
@@ -25,13 +24,7 @@ HEAD = stream_chunks(["Hel", "lo"])[:3]  # role chunk and two content deltas: no
 
 def exchanges(proxy) -> list[dict]:
     proxy.flush()
-    db = sqlite3.connect(proxy.data_dir / "archive.db")
-    db.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in db.execute("select status, error, upstream_ms, stream from exchanges "
-                                            "order by rowid")]
-    finally:
-        db.close()
+    return list(proxy.query("select status, error, upstream_ms, stream from exchanges order by rowid"))
 
 
 def raw_stream(proxy, messages, tools=None, timeout: float = 30) -> tuple[int, bytes]:

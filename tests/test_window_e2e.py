@@ -9,6 +9,7 @@ import httpx
 import orjson
 import pytest
 
+from tests.conftest import BOTH_BACKENDS
 from tests.servers import Seen, Step, stream_chunks
 
 # A small window budget: old results are masked first, so only a tight budget evicts whole exchanges.
@@ -98,6 +99,7 @@ def evict_the_secret(proxy, fake_upstream) -> list[dict]:
     return messages
 
 
+@BOTH_BACKENDS
 def test_recall_finds_an_evicted_fact(windowed, fake_upstream):
     messages = evict_the_secret(windowed, fake_upstream)
 
@@ -147,6 +149,7 @@ def test_recall_slash_command_answers_without_the_model(windowed, fake_upstream,
     assert "KX-7731" not in foreign.choices[0].message.content
 
 
+@BOTH_BACKENDS
 def test_admin_search_needs_the_token(make_proxy, fake_upstream, monkeypatch):
     monkeypatch.setenv("CTXPROXY_ADMIN", "s3cret")
     proxy = make_proxy({"admin": {"token_env": "CTXPROXY_ADMIN"}})
@@ -167,6 +170,7 @@ def test_admin_search_is_off_without_a_token(proxy, fake_upstream):
     assert response.status_code == 404 and response.json()["error"]["code"] == "admin_disabled"
 
 
+@BOTH_BACKENDS
 def test_model_headlines_arrive_in_the_background_and_show_from_the_next_batch(make_proxy, fake_upstream):
     proxy = make_proxy()
     (proxy.policies_dir / "heads.yaml").write_text(

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from proxy.archive_codec import cell
 from proxy.archive_items import TableRow, utc_now
 
 if TYPE_CHECKING:
@@ -84,7 +83,7 @@ class PostgresLedger:
 
     @contextlib.contextmanager
     def open(self, tenant: str, session_id: str) -> Iterator[LedgerEntry]:
-        from proxy.store.postgres import upsert
+        from proxy.store.postgres import pg_cell, upsert
 
         failed: Exception | None = None
         with self._pool.connection() as conn, conn.transaction():
@@ -100,7 +99,7 @@ class PostgresLedger:
             finally:
                 for item in entry.rows:
                     statement = upsert(item.table, list(item.row), item.replace)
-                    conn.execute(statement, [cell(v) for v in item.row.values()])
+                    conn.execute(statement, [pg_cell(v) for v in item.row.values()])
                     kind = row_kind(item)
                     if kind is not None:
                         entry.kinds[kind] = entry.kinds.get(kind, 0) + 1

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from proxy.accounting import Pricing
-from proxy.archive_codec import cell, safe_text
+from proxy.archive_codec import cell, dumps, loads, safe_text
 from proxy.archive_db import chunk_text, message_call_id
 from proxy.archive_retry import WARN_EVERY, StillUnavailable, WriteFailed
 from proxy.archive_rows import CHAIN_CACHE_BYTES, RowWriter, quote
@@ -177,6 +177,31 @@ _CHUNK_INSERT = ("INSERT INTO message_chunks (message_id, seq, first_line, tenan
                  "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (message_id, seq) DO NOTHING")
 
 
+NUL_MARK = "\ue000nul:"  # a private-use character and a word: how an encoded text cell begins
+
+
+def encode_text(value: Any) -> Any:
+    """A text cell PostgreSQL can hold, whatever it holds: PostgreSQL text cannot hold NUL, so a string
+    with one (or one that begins like an encoded cell) is stored as NUL_MARK + its JSON string. Every
+    other value is itself. `decode_text` is the inverse; equal strings encode equal (lookups by a value
+    encode it too)."""
+    if isinstance(value, str) and ("\x00" in value or value.startswith(NUL_MARK)):
+        return NUL_MARK + dumps(value).decode()
+    return value
+
+
+def decode_text(value: Any) -> Any:
+    """A value read from a text cell, as it was before `encode_text`."""
+    if isinstance(value, str) and value.startswith(NUL_MARK):
+        return loads(value[len(NUL_MARK):])
+    return value
+
+
+def pg_cell(value: Any) -> Any:
+    """A value for a column of a side-table row (archive_codec.cell), as PostgreSQL stores it."""
+    return encode_text(cell(value))
+
+
 def pg_text(value: Any) -> Any:
     """PostgreSQL text cannot hold NUL: searchable copies get a space instead."""
     return value.replace("\x00", " ") if isinstance(value, str) and "\x00" in value else value
@@ -195,18 +220,20 @@ class PostgresRowWriter(RowWriter):
         statement = self._statements.get(key)
         if statement is None:
             statement = self._statements[key] = upsert(table, list(row), verb == "INSERT OR REPLACE")
-        self._target.connection().execute(statement, [cell(v) for v in row.values()])
+        self._target.connection().execute(statement, [pg_cell(v) for v in row.values()])
 
     def _insert(self, node: str, parent: str, message: Any, body: bytes, record: ExchangeRecord,
                 searchable: bool = True) -> None:
         conn = self._target.connection()
         role = message.get("role") if isinstance(message, dict) else None
         proxy = not searchable or is_proxy_message(message)
-        tenant, session_id, policy = safe_text(record.tenant), safe_text(record.session_id), \
-            safe_text(record.policy)
+        # Text cells as every row has them (encode_text); the body is JSON text, which never holds a NUL.
+        tenant, session_id, policy = (encode_text(safe_text(value)) for value in
+                                      (record.tenant, record.session_id, record.policy))
         inserted = conn.execute(_MESSAGE_INSERT, (
-            node, safe_text(parent), tenant, session_id, policy, safe_text(role), body.decode("utf-8"),
-            record.created_at, message_call_id(message), len(body), int(proxy))).fetchone()
+            node, encode_text(safe_text(parent)), tenant, session_id, policy, encode_text(safe_text(role)),
+            body.decode("utf-8"), record.created_at, encode_text(message_call_id(message)), len(body),
+            int(proxy))).fetchone()
         if inserted is None or proxy:
             return
         rows, line = [], 1

@@ -26,7 +26,7 @@ from proxy.archive_codec import loads, safe_text
 from proxy.archive_read_back import archived_result
 from proxy.reader import BODY_INLINE, SEARCH_TIMEOUT, SearchHits, _hit
 from proxy.store import postgres_recall
-from proxy.store.postgres import CONNECT_TIMEOUT, pg_text, redacted
+from proxy.store.postgres import CONNECT_TIMEOUT, decode_text, encode_text, pg_text, redacted
 from proxy.store.sql import QmarkConnection
 
 POOL_SIZE = 8  # connections at most: a lookup never waits behind a running search
@@ -48,6 +48,12 @@ class _Number(Loader):
 
 def _configure(conn: psycopg.Connection[Any]) -> None:
     conn.adapters.register_loader("numeric", _Number)
+
+
+def _cells(conn: psycopg.Connection[Any]) -> QmarkConnection:
+    """`?` queries whose text cells are as the writer stored them (postgres.encode_text), read back as
+    they were written (decode_text)."""
+    return QmarkConnection(conn, encode=encode_text, decode=decode_text)
 
 
 class PostgresReader:
@@ -90,11 +96,11 @@ class PostgresReader:
             yield conn
 
     def _query(self, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
-        # Stored text had lone surrogates escaped (archive.safe_text); PostgreSQL text holds no NUL,
-        # so one is asked as a space (pg_text), never an error.
-        values = [pg_text(safe_text(p)) if isinstance(p, str) else p for p in params]
+        # Stored text had lone surrogates escaped (archive.safe_text) and a NUL encoded (encode_text,
+        # as the writer stores it): a value is asked as stored, and every value read is decoded.
+        values = [safe_text(p) if isinstance(p, str) else p for p in params]
         with self._connection() as conn:
-            rows = QmarkConnection(conn).rows(sql, values)
+            rows = _cells(conn).rows(sql, values)
         listed = _SELECT_LIST.match(sql)
         if rows and "rowid" in rows[0] and listed and not _ROWID.search(listed.group(1)):
             for row in rows:  # `select *`: SQLite's rowid is hidden, this one a column
@@ -165,10 +171,9 @@ class PostgresReader:
         if deadline is None:
             deadline = time.monotonic() + self.search_timeout
         wanted = {"tenant": tenant, "session_id": session_id, "policy": policy}
-        scope = [(f"c.{column} = ?", pg_text(safe_text(value))) for column, value in wanted.items()
-                 if value is not None]
-        if exclude_session is not None:
-            scope.append(("c.session_id <> ?", pg_text(safe_text(exclude_session))))
+        stored = {k: pg_text(safe_text(v)) if v is not None else None
+                  for k, v in [*wanted.items(), ("exclude_session", exclude_session)]}
+        scope = postgres_recall.Scope(**stored)
 
         def in_scope(row: dict[str, Any]) -> bool:  # the same check as SQLite's, on the message row
             return all(v is None or row[k] == pg_text(safe_text(v)) for k, v in wanted.items()) and (
@@ -186,8 +191,8 @@ class PostgresReader:
                 try:
                     with conn.transaction():
                         timed = postgres_recall.Timed(conn, deadline, self._on_progress)
-                        postgres_recall.ranked(timed, config, terms, scope, limit, in_scope,
-                                               tenant, asking, found, BODY_INLINE)
+                        postgres_recall.ranked(timed, config, terms, scope, limit, in_scope, tenant,
+                                               asking, found, BODY_INLINE)
                 except QueryCanceled:
                     truncated = True
         except (postgres_recall.Expired, PoolTimeout):
@@ -236,7 +241,7 @@ class PostgresReader:
         """A message the model saw, by call id, `id#n` or `msg-...`, from the archive (this session, or
         with None the tenant's newest session holding it). See proxy.archive_read_back."""
         with self._connection() as conn:
-            return archived_result(QmarkConnection(conn), pg_text(tenant), pg_text(session_id), handle,
+            return archived_result(_cells(conn), tenant, session_id, handle,
                                    by_message=postgres_recall.message_by_handle)
 
     def session_memory(self, tenant: str, session_id: str, kind: str) -> dict[str, Any] | None:

@@ -1,10 +1,11 @@
 """Recall on PostgreSQL: the ranked search behind PostgresReader.search, under a deadline.
 
 What SQLite does with FTS5 (bm25, scope tokens in the MATCH, highlight(), chunk rowid arithmetic) is done
-here with the chunk table of postgres_schema: filters on the chunk's own tenant / session / policy
-columns, ts_rank over its tsvector, ts_headline for the matched terms, `first_line` and `seq` for line
-numbers and cut edges. The pure helpers of archive_recall / archive_read_back (the guard, copies,
-handles, matching lines) are shared, run through `?` SQL on this connection.
+here with the chunk table of postgres_schema: scope tokens in the tsvector and filters on the chunk's
+own tenant / session / policy columns, ts_rank over a bounded set of candidates (ranking), the matched
+terms marked as FTS5 marks them, `first_line` and `seq` for line numbers and cut edges. The pure
+helpers of archive_recall / archive_read_back (the guard, copies, handles, matching lines) are shared,
+run through `?` SQL on this connection.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from proxy import archive_recall
 from proxy.archive_codec import loads, safe_text
+from proxy.archive_db import CHUNK_CHARS
 from proxy.archive_read_back import Queryable, answers_internal
 from proxy.archive_recall import END, MARK
 from proxy.archive_traffic import MESSAGE_HANDLE, MESSAGE_HANDLE_CHARS, is_proxy_message, message_text
@@ -25,12 +28,32 @@ Row = dict[str, Any]
 _WORD = re.compile(r"\w+", re.UNICODE)
 _HEX = re.compile(r"^[0-9a-f]+$")
 _RESET_EVERY = 0.025  # s: how stale a statement_timeout may get before it is set again (bounds overshoot)
-# ts_rank's normalization 1 (divide by 1 + log(length)): a long chunk does not win by length alone.
-_RANK = "ts_rank(c.tsv, q.query, 1)"
-_TSV = re.compile(r"^to_tsvector\('([A-Za-z0-9_.]+)'::regconfig,", re.S)
+CANDIDATES = 1000  # chunks a term brings to a capped ranking at most (see ranking)
+# The scope tokens of a chunk's tsvector (postgres_schema), as tsquery.
+_SESSION = "quote_literal('ts:' || md5(?::text || chr(1) || ?::text))::tsquery"
+_PROJECT = "quote_literal('tp:' || md5(?::text || chr(1) || ?::text))::tsquery"
+# Whether any word of the query is in more than COMMON of all chunks, by the planner's statistics (the
+# most common lexemes of the tsvector column; none before the first ANALYZE).
+COMMON = 0.01
+_COMMON = ("select coalesce(max(s.f), 0) >= {} as common from pg_stats p, unnest(p.most_common_elems::"
+           "text::text[], p.most_common_elem_freqs) s(e, f) where p.schemaname = current_schema() and "
+           "p.tablename = 'message_chunks' and p.attname = 'tsv' "
+           "and s.e = any(tsvector_to_array(to_tsvector(?::regconfig, ?)))")
+_TSV = re.compile(r"^\(?to_tsvector\('([A-Za-z0-9_.]+)'::regconfig,", re.S)
 DEFAULT_CONFIG = "english"
 _TOKEN = re.compile(r"[^\W_]+")  # a word as FTS5's unicode61 and PostgreSQL's parser (mostly) see one
 _LONGEST = 2047  # characters: PostgreSQL indexes no longer word
+
+
+_TIMEOUT = "select set_config('statement_timeout', %s, true)"
+# For the search's transaction, with its first timeout: plans made for the terms at hand (psycopg prepares
+# a statement run 5 times, and the server may then plan it once for any term: as if a rare id were as
+# frequent as an average word); no scan of the whole chunk table (a LIMIT makes one look cheap when the
+# planner expects many matches, but the archive only grows); no JIT (its compiling takes longer than
+# these statements run).
+_SETTINGS = ("select set_config('statement_timeout', %s, true), "
+             "set_config('plan_cache_mode', 'force_custom_plan', true), "
+             "set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)")
 
 
 class Expired(Exception):
@@ -55,7 +78,7 @@ class Timed(QmarkConnection):
             raise Expired()
         if now - self._set_at >= _RESET_EVERY:
             milliseconds = str(max(1, int(left * 1000)))  # (0 would mean no limit)
-            self.conn.execute("select set_config('statement_timeout', %s, true)", [milliseconds])
+            self.conn.execute(_SETTINGS if not self._set_at else _TIMEOUT, [milliseconds])
             self._set_at = now
         return super().execute(sql, params)
 
@@ -88,26 +111,112 @@ def ts_query(count: int) -> str:
     return " || ".join(["phraseto_tsquery(?::regconfig, ?)"] * count)
 
 
-def ranked(conn: Timed, config: str, terms: list[str], scope: list[tuple[str, Any]],
-           limit: int, in_scope: Callable[[Row], bool], tenant: str | None, asking: str | None,
-           out: list[Row], body_inline: int) -> None:
+@dataclass(frozen=True)
+class Scope:
+    """Which chunks a search looks at (each optional; values as stored: safe_text, pg_text)."""
+
+    tenant: str | None = None
+    session_id: str | None = None
+    policy: str | None = None
+    exclude_session: str | None = None
+
+    def columns(self) -> list[tuple[str, Any]]:
+        """Conditions on the chunk's own columns, with their values."""
+        wanted = [(f"c.{name} = ?", value) for name, value in (
+            ("tenant", self.tenant), ("session_id", self.session_id), ("policy", self.policy))
+                  if value is not None]
+        excluded = self.exclude_session
+        return wanted + ([("c.session_id <> ?", excluded)] if excluded is not None else [])
+
+
+def ranking(config: str, terms: list[str], scope: Scope) -> tuple[str, list[Any]]:
+    """SQL ranking the chunks of `scope` that match any of `terms` (ts_rank, normalization 1: divided
+    by 1 + log(length), so a long chunk does not win by length alone), and its parameters but limit
+    and offset: one row per message (its best chunk), best first.
+
+    A session's matches are all ranked, found on the GIN index with the session's token (its hits come
+    first, and a session is small next to a project; the deadline bounds the rest; a session asked for
+    without its tenant, by the dashboard, is filtered on its column).
+
+    In a larger scope (a project, a tenant: scopes that grow with the archive) what is ranked is
+    bounded: ts_rank reads the tsvector of every row it ranks, and a common word in a large project
+    matches tens of thousands of chunks. A first scan takes at most CANDIDATES chunks a term matching
+    the query (in a project, on the GIN index with the project's token); when it finds no more, they
+    are all ranked: the hits of ranking every match. When it finds more, or when the statistics say
+    the query holds a word in over COMMON of all chunks (the first scan would then grow with the
+    project), each term brings its newest CANDIDATES matches instead (on the project's index newest
+    first, or the GIN index for a rarer term, as the planner estimates) and, when those include later
+    chunks of long messages, its newest CANDIDATES matches among messages' first chunks, so that one
+    huge result (a 20 MB log is 5,000 chunks) cannot crowd every other message out. So a term in
+    fewer chunks (an id, a rare word: what a query is usually after) still brings every match; a more
+    common one is ranked on its newest: an older chunk holding only such terms is not a hit, one that
+    also holds a rarer term of the query is."""
+    query, query_params = ts_query(len(terms)), [p for term in terms for p in (config, term)]
+    columns = scope.columns()
+    where, values = "".join(f" and {c}" for c, _ in columns), [v for _, v in columns]
+    rank = (f"select message_id, rowid, rank from (select message_id, rowid, rank, row_number() over "
+            f"(partition by message_id order by rank, seq) as n from (select c.message_id, c.rowid, c.seq, "
+            f"-ts_rank(c.tsv, {query}, 1) as rank from message_chunks c where ")
+    best = ") scored) best where n = 1 order by rank, rowid limit ? offset ?"
+    if scope.session_id is not None and scope.tenant is not None:
+        # (Not the tenant's column: an index scan of every chunk of the tenant to intersect with would
+        # cost more than it saves.)
+        rest = [(c, v) for c, v in columns if c != "c.tenant = ?"]
+        return (f"{rank}c.tsv @@ (({query}) && {_SESSION}){''.join(f' and {c}' for c, _ in rest)}{best}",
+                [*query_params, *query_params, scope.tenant, scope.session_id, *(v for _, v in rest)])
+    if scope.session_id is not None:
+        return f"{rank}c.tsv @@ ({query}){where}{best}", [*query_params, *query_params, *values]
+    # Newest first: on message_chunks_project* in a project (on -rowid: not the primary key, whose
+    # backward scan the planner prefers for its physical order but which reads every project's chunks).
+    project = scope.tenant is not None and scope.policy is not None
+    newest = "-c.rowid" if project else "c.rowid desc"
+    bound = CANDIDATES * len(terms)
+    if project:  # the first scan on the project's token, unordered (it stops at its bound)
+        exclude = [c for c in columns if c[0] == "c.session_id <> ?"]
+        gate = _COMMON.format(COMMON)
+        first = f"c.tsv @@ (({query}) && {_PROJECT}){''.join(f' and {c}' for c, _ in exclude)}"
+        first_params = [config, " ".join(terms), *query_params, scope.tenant, scope.policy,
+                        *(v for _, v in exclude)]
+    else:
+        gate, first = "select false as common", f"c.tsv @@ ({query}){where} order by {newest}"
+        first_params = [*query_params, *values]
+
+    def scan(name: str, when: str, pool: str = "") -> str:  # a term's newest CANDIDATES matches
+        return (f"{name} as materialized (select c.rowid, c.seq from message_chunks c where {when} and "
+                f"c.tsv @@ phraseto_tsquery(?::regconfig, ?){pool}{where} order by {newest} "
+                f"limit {CANDIDATES})")
+
+    # Each term's scans run only when the first scan was skipped or stopped at its bound; its first
+    # chunks' scan, only when its own scan stopped at CANDIDATES (else it has every match already)
+    # with later chunks among them (else they are the same).
+    ctes = [f"gate as materialized ({gate})",
+            f"everything as materialized (select c.rowid from message_chunks c where not (select common "
+            f"from gate) and {first} limit {bound + 1})"]
+    for n in range(len(terms)):
+        full = f"(select count(*) from t{n}) = {CANDIDATES} and (select max(seq) from t{n}) > 0"
+        ctes += [scan(f"t{n}", f"((select common from gate) or (select count(*) from everything) > {bound})"),
+                 scan(f"f{n}", full, " and c.seq = 0")]
+    found = " union all ".join([
+        f"select rowid from everything where (select count(*) from everything) <= {bound}",
+        *(f"select rowid from {pool}{n}" for n in range(len(terms)) for pool in "tf")])
+    per_term = [p for term in terms for _ in range(2) for p in (config, term, *values)]
+    return (f"with {', '.join(ctes)} {rank}c.rowid in ({found}){best}",
+            [*first_params, *per_term, *query_params])
+
+
+def ranked(conn: Timed, config: str, terms: list[str], scope: Scope, limit: int,
+           in_scope: Callable[[Row], bool], tenant: str | None, asking: str | None, out: list[Row],
+           body_inline: int) -> None:
     """Appends to `out` the best chunk of each of the `limit` best messages that are the conversation,
-    with its matching lines, handle and message row, best first. `scope`: conditions on the chunk
-    (`c.tenant = ?`, ...) with their values. `out` keeps the hits finished when the deadline cuts."""
-    query = ts_query(len(terms))
-    query_params = [p for term in terms for p in (config, term)]
-    where = "".join(f" and {condition}" for condition, _ in scope)
-    # One row per message (its best chunk), best first; a page's spare rows absorb the copies dropped.
-    spare = limit * 4
-    sql = (f"select message_id, rowid, rank from (select message_id, rowid, rank, row_number() over "
-           f"(partition by message_id order by rank, seq) as n from (select c.message_id, c.rowid, c.seq, "
-           f"-{_RANK} as rank from message_chunks c, (select {query} as query) q "
-           f"where c.tsv @@ q.query{where}) scored) best where n = 1 order by rank, rowid limit ? offset ?")
-    seen: dict[str, Row] = {}
+    with its matching lines, handle and message row, best first (see ranking). `out` keeps the hits
+    finished when the deadline cuts."""
+    sql, params = ranking(config, terms, scope)
+    spare = limit * 4  # a page's spare rows absorb the copies dropped
+    seen: dict[str, Row | None] = {}
     found: list[Row] = []
     offset = 0
     while len(found) < limit:
-        rows = conn.execute(sql, [*query_params, *(v for _, v in scope), spare, offset]).fetchall()
+        rows = conn.execute(sql, [*params, spare, offset]).fetchall()
         best = {message: (chunk, rank) for message, chunk, rank in rows}
         found += _accepted(conn, best, limit - len(found), in_scope, seen, found, body_inline)
         if len(rows) < spare:
@@ -115,7 +224,8 @@ def ranked(conn: Timed, config: str, terms: list[str], scope: list[tuple[str, An
         offset += spare
     if not found:
         return
-    chunks = _chunks(conn, config, terms, [row["chunk"] for row in found])
+    chunks = _chunks(conn, config, terms, [row["chunk"] for row in found],
+                     [row["chunk"] for row in found if row["size"] is None or row["size"] > CHUNK_CHARS])
     for row in found:
         message = row.pop("message")
         skip = archive_recall.skips_internal_lines(row, message)
@@ -131,24 +241,18 @@ def ranked(conn: Timed, config: str, terms: list[str], scope: list[tuple[str, An
 
 
 def _accepted(conn: Timed, best: dict[str, tuple[int, float]], limit: int, in_scope: Callable[[Row], bool],
-              seen: dict[str, Row], earlier: list[Row], body_inline: int) -> list[Row]:
+              seen: dict[str, Row | None], earlier: list[Row], body_inline: int) -> list[Row]:
     """Candidates in rank order that pass the scope check and the guard, one per distinct message (a
-    message forwarded under another parent was archived again), at most `limit` (as ArchiveReader)."""
-    wanted = [m for m in best if m not in seen]
-    if wanted:
-        cursor = conn.execute(
-            "select id, parent_id, session_id, role, created_at, tenant, policy, call_id, size, proxy, "
-            "case when size is null or size <= ? then body end as body from messages where id = any(?)",
-            [body_inline, wanted])
-        columns = [d.name for d in cursor.description]
-        for values in cursor.fetchall():
-            fetched = dict(zip(columns, values, strict=True))
-            fetched["message"] = loads(fetched["body"]) if fetched["body"] is not None else None
-            seen[fetched["id"]] = fetched
+    message forwarded under another parent was archived again), at most `limit` (as ArchiveReader).
+    Message rows are read as the walk reaches them, as many at once as are still wanted (most pass):
+    a page's spare candidates are read only when some were dropped."""
     copies = {_copy(row) for row in earlier}
     taken = {row["id"] for row in earlier}  # (a write between two pages may move a message to the next)
     found: list[Row] = []
-    for node, (chunk, rank) in best.items():
+    order = list(best)
+    for at, node in enumerate(order):
+        if node not in seen:
+            _fetch(conn, [m for m in order[at:at + limit - len(found)] if m not in seen], seen, body_inline)
         row = seen.get(node)
         if row is None or node in taken or not in_scope(row):
             continue
@@ -158,10 +262,25 @@ def _accepted(conn: Timed, best: dict[str, tuple[int, float]], limit: int, in_sc
         if copy[3] != "" and copy in copies:  # (a body without text cannot tell copies apart)
             continue
         copies.add(copy)
+        chunk, rank = best[node]
         found.append(row | {"chunk": chunk, "rank": rank})
         if len(found) == limit:
             break
     return found
+
+
+def _fetch(conn: Timed, ids: list[str], seen: dict[str, Row | None], body_inline: int) -> None:
+    """Message rows into `seen` (None: no such message), the body only up to `body_inline` bytes."""
+    cursor = conn.execute(
+        "select id, parent_id, session_id, role, created_at, tenant, policy, call_id, size, proxy, "
+        "case when size is null or size <= ? then body end as body from messages where id = any(?)",
+        [body_inline, ids])
+    columns = [d.name for d in cursor.description]
+    seen.update(dict.fromkeys(ids))
+    for values in cursor.fetchall():
+        fetched = dict(zip(columns, values, strict=True))
+        fetched["message"] = loads(fetched["body"]) if fetched["body"] is not None else None
+        seen[fetched["id"]] = fetched
 
 
 def _copy(row: Row) -> tuple[Any, ...]:
@@ -169,18 +288,19 @@ def _copy(row: Row) -> tuple[Any, ...]:
     return row["session_id"], row["role"], row["call_id"], text if text is not None else row["size"]
 
 
-def _chunks(conn: Timed, config: str, terms: list[str],
-            rowids: list[int]) -> dict[int, tuple[str, int, tuple[bool, bool]]]:
+def _chunks(conn: Timed, config: str, terms: list[str], rowids: list[int],
+            long: list[int]) -> dict[int, tuple[str, int, tuple[bool, bool]]]:
     """Per chunk: its text with the query's terms marked (MARK ... END) as FTS5's highlight() marks
     them, the line it starts on, and whether it starts / ends inside a line (a line longer than a
-    chunk was cut at a space)."""
+    chunk was cut at a space): its neighbours are looked at for those in `long` only (a message's
+    body no longer than a chunk has one chunk)."""
     rows = conn.execute(
         "select c.rowid, c.text, c.first_line, "
-        "coalesce((select right(p.text, 1) <> chr(10) from message_chunks p "
+        "c.seq > 0 and coalesce((select right(p.text, 1) <> chr(10) from message_chunks p "
         "          where p.message_id = c.message_id and p.seq = c.seq - 1), false), "
-        "right(c.text, 1) <> chr(10) and exists (select 1 from message_chunks n "
+        "c.rowid = any(?) and right(c.text, 1) <> chr(10) and exists (select 1 from message_chunks n "
         "          where n.message_id = c.message_id and n.seq = c.seq + 1) "
-        "from message_chunks c where c.rowid = any(?)", [rowids]).fetchall()
+        "from message_chunks c where c.rowid = any(?)", [long, rowids]).fetchall()
     phrases = [[token.lower() for token in _TOKEN.findall(term)] for term in terms]
     tokens = {rowid: [(m.start(), m.end(), m.group().lower()) for m in _TOKEN.finditer(text)]
               for rowid, text, *_ in rows}

@@ -4,8 +4,9 @@ The same tables and columns as the SQLite archive (proxy/migrations.py, as of m0
 the dashboard run the same queries on both: every table has a `rowid` (an identity column) for the
 insertion order SQLite gives for free, timestamps are ISO text as there, and `group_concat` exists as
 an aggregate. Full-text search is a `tsvector` per ~4 KB chunk of a message's text (GIN-indexed), each
-chunk carrying its message's tenant, session and policy so recall filters before it ranks, and its
-number and first line in the message so a hit names its line without reading what precedes it.
+chunk carrying its message's tenant, session and policy (as columns, and as tokens in its tsvector) so
+recall filters before it ranks, and its number and first line in the message so a hit names its line
+without reading what precedes it.
 
 Replicas migrate under one advisory lock, so two starting at once do not race."""
 
@@ -50,14 +51,30 @@ CREATE TABLE message_chunks (
     policy text,
     text text NOT NULL,
     -- Punctuation becomes spaces (one for one: positions stay), so a word inside a path, a host or
-    -- `worker-3` is a word of its own, as SQLite's FTS5 tokenizer makes it.
+    -- `worker-3` is a word of its own, as SQLite's FTS5 tokenizer makes it. Then two scope tokens, as
+    -- SQLite's chunks have: `ts:` + md5(tenant, session), `tp:` + md5(tenant, policy) (no word of the
+    -- text holds a colon), so the GIN index finds a session's or a project's matches by itself, walking
+    -- the shorter of the scope's list and the query's, instead of intersecting them with every chunk of
+    -- the tenant (postgres_recall.ranking).
     tsv tsvector GENERATED ALWAYS AS (to_tsvector('english', translate(text,
-        '!"#$%&''()*+,-./:;<=>?@[\]^_`{|}~', '                                '))) STORED,
+        '!"#$%&''()*+,-./:;<=>?@[\]^_`{|}~', '                                ')) || array_to_tsvector(ARRAY[
+        'ts:' || md5(coalesce(tenant, '') || chr(1) || coalesce(session_id, '')),
+        'tp:' || md5(coalesce(tenant, '') || chr(1) || coalesce(policy, ''))])) STORED,
     UNIQUE (message_id, seq)
 );
-CREATE INDEX message_chunks_tsv ON message_chunks USING gin (tsv);
-CREATE INDEX message_chunks_session ON message_chunks (tenant, session_id);
-CREATE INDEX message_chunks_project ON message_chunks (tenant, policy);
+-- A chunk's tsvector stays in its row (compressed if it can be; out of line only when the row would not
+-- fit a page): ranking reads every candidate's tsvector, and one stored out of line (a 4 KB chunk's is
+-- ~4.6 KB, more than its text) costs a TOAST index lookup and several reads. The text, read for the
+-- final hits only, goes out of line instead.
+ALTER TABLE message_chunks ALTER COLUMN tsv SET STORAGE MAIN;
+-- New entries wait in the index's pending list until it holds gin_pending_list_limit, and every search
+-- reads that list whole: at the default 4 MB (~3,000 chunks) a recall took ~8 ms longer; 512 kB bounds
+-- it to ~1-2 ms, and the writer, off the hot path, merges the list into the index more often.
+CREATE INDEX message_chunks_tsv ON message_chunks USING gin (tsv) WITH (gin_pending_list_limit = 512);
+-- A project's chunks, and its messages' first chunks, newest first (order by -rowid): recall's
+-- candidates for a common word (postgres_recall.ranking).
+CREATE INDEX message_chunks_project ON message_chunks (tenant, policy, (-rowid));
+CREATE INDEX message_chunks_project_first ON message_chunks (tenant, policy, (-rowid)) WHERE seq = 0;
 
 CREATE TABLE exchanges (
     rowid bigint GENERATED ALWAYS AS IDENTITY,

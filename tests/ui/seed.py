@@ -61,7 +61,8 @@ def start_proxy(root: Path, upstream_url: str, extra: dict[str, Any] | None = No
     (root / "policies" / "w16k.yaml").write_text(yaml.safe_dump(WINDOW_POLICY))
     config = load_config(config_path)
     server = ServerThread(build_app(config)).__enter__()
-    return RunningProxy(server.url, server, config_path, config.data_dir, config.policies_dir)
+    return RunningProxy(server.url, server, config_path, config.data_dir, config.policies_dir,
+                        config.archive.url)
 
 
 def seed(proxy: RunningProxy, fake: FakeUpstream) -> Seeded:

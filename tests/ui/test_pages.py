@@ -11,6 +11,7 @@ import pytest
 
 from proxy import report
 from proxy.cli import main as cli
+from tests.conftest import BOTH_BACKENDS
 from tests.ui.seed import BIG, CHAT, FACT, MARKUP, PIN, SESSION
 
 FIELDS = [f for f in report.FIELDS if f not in ("first", "last")]
@@ -40,6 +41,7 @@ def cli_report(seeded, capsys, *args: str) -> list[dict[str, Any]]:
     return orjson.loads(capsys.readouterr().out)
 
 
+@BOTH_BACKENDS
 def test_overview_figures_are_the_cli_report(seeded, page, capsys):
     page.goto(ui(seeded))
     [expected] = cli_report(seeded, capsys, "--by", "none")
@@ -64,6 +66,7 @@ def test_overview_figures_are_the_cli_report(seeded, page, capsys):
     assert page.errors == []
 
 
+@BOTH_BACKENDS
 def test_from_the_overview_to_a_request_and_the_original_of_its_summary(seeded, page):
     page.goto(ui(seeded))
     page.click("header nav >> text=Sessions")
@@ -82,6 +85,7 @@ def test_from_the_overview_to_a_request_and_the_original_of_its_summary(seeded, 
     assert page.errors == []
 
 
+@BOTH_BACKENDS
 def test_session_page_figures_requests_and_memory(seeded, page, capsys):
     page.goto(ui(seeded, f"/sessions/{SESSION}"))
     [expected] = cli_report(seeded, capsys, "--session", SESSION)
@@ -132,6 +136,7 @@ def test_a_masked_placeholder_links_to_the_result_it_replaced(seeded, page):
     assert page.errors == []
 
 
+@BOTH_BACKENDS
 def test_search_finds_a_seeded_fact_and_opens_it(seeded, page):
     page.goto(ui(seeded, "/search"))
     page.fill('input[name="q"]', "staging deploy key")

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from proxy.ui.style import CSS, SCRIPT
+from tests.conftest import BOTH_BACKENDS
 from tests.ui.seed import SESSION
 
 
@@ -17,6 +18,7 @@ def sha(text: str) -> str:
     return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
 
 
+@BOTH_BACKENDS
 @pytest.mark.parametrize("path", [
     "/sessions/no-such-session", "/sessions/bad%20id%3Cscript%3E", "/exchanges/0123456789abcdef",
     "/exchanges/bad%2F..%2Fid", "/results/call_nope?session=build-1", "/results/call_big",
