@@ -134,13 +134,16 @@ PASSTHROUGH_POLICY = {
 }
 
 
-def start_ctxproxy(workdir: Path, upstream: str, src: Path | None = None) -> Service:
-    """`src`: a folder holding a `proxy/` package to run instead of the installed one (a snapshot)."""
+def start_ctxproxy(workdir: Path, upstream: str, src: Path | None = None, *, name: str = "ctxproxy",
+                   archive: dict[str, object] | None = None) -> Service:
+    """`src`: a folder holding a `proxy/` package to run instead of the installed one (a snapshot).
+    `name`: its config, log and data_dir are `<name>.yaml`, `<name>.log`, `<name>-data` (several proxies
+    in one work dir); `archive`: the config's `archive` section (e.g. a PostgreSQL `url`), else SQLite."""
     policies = workdir / "policies"
     policies.mkdir(exist_ok=True)
     (policies / "passthrough.yaml").write_text(yaml.safe_dump(PASSTHROUGH_POLICY))
-    data_dir = workdir / "ctxproxy-data"
-    config = workdir / "ctxproxy.yaml"
+    data_dir = workdir / f"{name}-data"
+    config = workdir / f"{name}.yaml"
     # The Messages route's upstream, where the proxy has one (a --src snapshot may predate it).
     messages = "anthropic_base_url" in ((src or REPO) / "proxy" / "config.py").read_text()
     config.write_text(yaml.safe_dump({
@@ -148,17 +151,17 @@ def start_ctxproxy(workdir: Path, upstream: str, src: Path | None = None) -> Ser
         "upstream": {"base_url": f"{upstream}/v1", **({"anthropic_base_url": upstream} if messages else {})},
         "data_dir": str(data_dir),
         "policies_dir": str(policies),
+        **({"archive": archive} if archive else {}),
     }))
     port = free_port()
     spawned = time.perf_counter()
     exe = BIN / "ctxproxy"
     argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "proxy"]
     env = {"PYTHONPATH": str(src)} if src else None  # sys.path wins over the editable-install finder
-    proc, log = _spawn("ctxproxy", [*argv, "serve", "--config", str(config), "--port", str(port)], workdir,
-                       env=env)
+    proc, log = _spawn(name, [*argv, "serve", "--config", str(config), "--port", str(port)], workdir, env=env)
     # The Responses route, where the proxy has one (it shares the chat route's upstream).
     responses = "/v1/responses" in ((src or REPO) / "proxy" / "app.py").read_text()
-    service = Service("ctxproxy", proc, f"http://127.0.0.1:{port}", log, spawned=spawned,
+    service = Service(name, proc, f"http://127.0.0.1:{port}", log, spawned=spawned,
                       extra={"archive": str(data_dir / "archive.db"), "messages": "yes" if messages else "",
                              "responses": "yes" if responses else ""})
     wait_ready(service, "/healthz", 60)

@@ -278,6 +278,7 @@ class ArchiveWriter:
         the queue is full); warnings become errors after `retry_for`. During the start-up replay, an
         outage longer than `retry_for` fails the start instead (the spool is kept)."""
         def write() -> None:
+            self._rows.begin([item for _, item in items])
             for payload, item in items:
                 self._write_item(item, len(payload))
 

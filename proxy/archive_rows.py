@@ -101,6 +101,9 @@ class RowWriter:
         self.chains.clear()
         self.written.clear()
 
+    def begin(self, items: list[ExchangeRecord | TableRow]) -> None:
+        """A transaction of these items starts (one writer per database here: nothing to do)."""
+
     def table_row(self, item: TableRow) -> None:
         self._row("INSERT OR REPLACE" if item.replace and not self.stale else "INSERT OR IGNORE",
                   item.table, item.row)

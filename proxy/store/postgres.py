@@ -25,7 +25,7 @@ from proxy.store import postgres_schema
 if TYPE_CHECKING:
     import psycopg
 
-    from proxy.archive import ExchangeRecord
+from proxy.archive_items import ExchangeRecord, TableRow
 
 log = logging.getLogger("ctxproxy.archive")
 
@@ -214,6 +214,18 @@ class PostgresRowWriter(RowWriter):
                  pricing: Pricing | None = None) -> None:
         super().__init__(None, chain_budget_bytes, pricing)  # type: ignore[arg-type]
         self._target = target
+
+    def begin(self, items: list[ExchangeRecord | TableRow]) -> None:
+        """Replicas' writers insert the same messages (a session's history, resent through both): each
+        batch first locks the tenants it writes, in one order, so two batches wait for each other
+        instead of deadlocking (message ids are rooted per tenant: no conflict crosses tenants)."""
+        from proxy.store.ledger import lock_key
+
+        tenants = sorted({str(item.tenant if isinstance(item, ExchangeRecord) else item.row.get("tenant"))
+                          for item in items})
+        conn = self._target.connection()
+        for tenant in tenants:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", [lock_key("archive-writer", tenant)])
 
     def _row(self, verb: str, table: str, row: dict[str, Any]) -> None:
         key = (verb, table, tuple(row))
