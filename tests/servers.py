@@ -43,8 +43,10 @@ class ServerThread:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
+        # A long keep-alive: a loaded test machine can leave a pooled connection idle past uvicorn's 5 s,
+        # and a request sent as the server closes it fails with a ReadError that is no test's subject.
         config = uvicorn.Config(app, log_level="warning", lifespan="on", loop="asyncio", http="httptools",
-                                timeout_graceful_shutdown=5)
+                                timeout_graceful_shutdown=5, timeout_keep_alive=120)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 

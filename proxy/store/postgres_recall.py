@@ -33,8 +33,9 @@ CANDIDATES = 1000  # chunks a term brings to a capped ranking at most (see ranki
 _SESSION = "quote_literal('ts:' || md5(?::text || chr(1) || ?::text))::tsquery"
 _PROJECT = "quote_literal('tp:' || md5(?::text || chr(1) || ?::text))::tsquery"
 # Whether any word of the query is in more than COMMON of all chunks, by the planner's statistics (the
-# most common lexemes of the tsvector column; none before the first ANALYZE).
-COMMON = 0.01
+# most common lexemes of the tsvector column; none before the first ANALYZE): so common that a first
+# scan on the project's token would walk the whole project's list (see ranking).
+COMMON = 0.2
 _COMMON = ("select coalesce(max(s.f), 0) >= {} as common from pg_stats p, unnest(p.most_common_elems::"
            "text::text[], p.most_common_elem_freqs) s(e, f) where p.schemaname = current_schema() and "
            "p.tablename = 'message_chunks' and p.attname = 'tsv' "
