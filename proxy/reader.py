@@ -28,6 +28,7 @@ from proxy.archive_codec import loads, safe_text
 from proxy.archive_db import project_token, scope_token
 from proxy.archive_read_back import archived_result
 from proxy.archive_traffic import message_text
+from proxy.store.shared_queries import SharedQueries
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 SEARCH_TIMEOUT = 2.0  # seconds per search / recall
@@ -55,7 +56,7 @@ class SearchHits(list):
         return not self.truncated
 
 
-class ArchiveReader:
+class ArchiveReader(SharedQueries):
     """Read-side queries for the CLI and the internal tools (WAL lets it run beside the writer)."""
 
     def __init__(self, path: Path, *, search_timeout: float = SEARCH_TIMEOUT,
@@ -280,44 +281,12 @@ class ArchiveReader:
                 break
         return found
 
-    def recall(self, tenant: str, session_id: str, policy: str, query: str,
-               limit: int = 8, *, timeout: float | None = None) -> SearchHits:
-        """This session's hits first, then the rest of the project (same tenant and policy), within one
-        time limit for both; `truncated` says it ran out of time."""
-        deadline = time.monotonic() + (self.search_timeout if timeout is None else timeout)
-        hits = self.search(query, tenant=tenant, session_id=session_id, limit=limit, deadline=deadline)
-        if len(hits) < limit and not hits.truncated:
-            more = self.search(query, tenant=tenant, policy=policy, exclude_session=session_id,
-                               limit=limit - len(hits), deadline=deadline)
-            hits = SearchHits([*hits, *more], more.truncated)
-        return hits
-
     # ------------------------------------------------------------------------------ state lookups
-
-    def _one(self, sql: str, params: list[Any]) -> dict[str, Any] | None:
-        rows = self._query(sql, params)
-        return rows[0] if rows else None
-
-    def session_window(self, tenant: str, session_id: str) -> dict[str, Any] | None:
-        return self._one("select * from session_windows where tenant = ? and session_id = ?",
-                         [tenant, session_id])
-
-    def tool_result_rows(self, tenant: str, session_id: str) -> list[dict[str, Any]]:
-        return self._query("select * from tool_results where tenant = ? and session_id = ? "
-                           "order by created_at, rowid", [tenant, session_id])
-
-    def tool_result_by_handle(self, tenant: str, handle: str) -> dict[str, Any] | None:
-        return self._one("select * from tool_results where tenant = ? and handle = ? "
-                         "order by created_at desc limit 1", [tenant, handle])
 
     def archived_result(self, tenant: str, session_id: str | None, handle: str) -> dict[str, Any] | None:
         """A message the model saw, by call id, `id#n` or `msg-...`, from the archive (this session, or
         with None the tenant's newest session holding it). See proxy.archive_read_back."""
         return archived_result(self.db.conn, tenant, session_id, handle)
-
-    def session_memory(self, tenant: str, session_id: str, kind: str) -> dict[str, Any] | None:
-        return self._one("select * from session_memory where tenant = ? and session_id = ? and kind = ?",
-                         [tenant, session_id, kind])
 
 
 def _hit(row: Row) -> Row:

@@ -27,6 +27,7 @@ from proxy.archive_read_back import archived_result
 from proxy.reader import BODY_INLINE, SEARCH_TIMEOUT, SearchHits, _hit
 from proxy.store import postgres_recall
 from proxy.store.postgres import CONNECT_TIMEOUT, decode_text, encode_text, pg_text, redacted
+from proxy.store.shared_queries import SharedQueries
 from proxy.store.sql import QmarkConnection
 
 POOL_SIZE = 8  # connections at most: a lookup never waits behind a running search
@@ -56,7 +57,7 @@ def _cells(conn: psycopg.Connection[Any]) -> QmarkConnection:
     return QmarkConnection(conn, encode=encode_text, decode=decode_text)
 
 
-class PostgresReader:
+class PostgresReader(SharedQueries):
     """Read-side queries on a PostgreSQL archive (see ArchiveReader for what each one means)."""
 
     def __init__(self, url: str, *, search_timeout: float = SEARCH_TIMEOUT,
@@ -207,35 +208,7 @@ class PostgresReader:
             self._config = found
         return self._config
 
-    def recall(self, tenant: str, session_id: str, policy: str, query: str,
-               limit: int = 8, *, timeout: float | None = None) -> SearchHits:
-        """This session's hits first, then the rest of the project (same tenant and policy), within one
-        time limit for both; `truncated` says it ran out of time."""
-        deadline = time.monotonic() + (self.search_timeout if timeout is None else timeout)
-        hits = self.search(query, tenant=tenant, session_id=session_id, limit=limit, deadline=deadline)
-        if len(hits) < limit and not hits.truncated:
-            more = self.search(query, tenant=tenant, policy=policy, exclude_session=session_id,
-                               limit=limit - len(hits), deadline=deadline)
-            hits = SearchHits([*hits, *more], more.truncated)
-        return hits
-
     # ------------------------------------------------------------------------------ state lookups
-
-    def _one(self, sql: str, params: list[Any]) -> dict[str, Any] | None:
-        rows = self._query(sql, params)
-        return rows[0] if rows else None
-
-    def session_window(self, tenant: str, session_id: str) -> dict[str, Any] | None:
-        return self._one("select * from session_windows where tenant = ? and session_id = ?",
-                         [tenant, session_id])
-
-    def tool_result_rows(self, tenant: str, session_id: str) -> list[dict[str, Any]]:
-        return self._query("select * from tool_results where tenant = ? and session_id = ? "
-                           "order by created_at, rowid", [tenant, session_id])
-
-    def tool_result_by_handle(self, tenant: str, handle: str) -> dict[str, Any] | None:
-        return self._one("select * from tool_results where tenant = ? and handle = ? "
-                         "order by created_at desc limit 1", [tenant, handle])
 
     def archived_result(self, tenant: str, session_id: str | None, handle: str) -> dict[str, Any] | None:
         """A message the model saw, by call id, `id#n` or `msg-...`, from the archive (this session, or
@@ -243,8 +216,4 @@ class PostgresReader:
         with self._connection() as conn:
             return archived_result(_cells(conn), tenant, session_id, handle,
                                    by_message=postgres_recall.message_by_handle)
-
-    def session_memory(self, tenant: str, session_id: str, kind: str) -> dict[str, Any] | None:
-        return self._one("select * from session_memory where tenant = ? and session_id = ? and kind = ?",
-                         [tenant, session_id, kind])
 

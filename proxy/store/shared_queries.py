@@ -1,0 +1,59 @@
+"""What both archive readers (SQLite and PostgreSQL) answer with the same SQL: recall's two steps and
+the state lookups the session store rebuilds from. A reader provides `_query` and `search`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from proxy.reader import SearchHits
+
+
+class SharedQueries:
+    search_timeout: float
+
+    def _query(self, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def search(self, query: str, *, tenant: str | None = None, session_id: str | None = None,
+               policy: str | None = None, exclude_session: str | None = None, limit: int = 10,
+               deadline: float | None = None) -> SearchHits:
+        raise NotImplementedError
+
+    def recall(self, tenant: str, session_id: str, policy: str, query: str,
+               limit: int = 8, *, timeout: float | None = None) -> SearchHits:
+        """This session's hits first, then the rest of the project (same tenant and policy), within one
+        time limit for both; `truncated` says it ran out of time."""
+        from proxy.reader import SearchHits
+
+        deadline = time.monotonic() + (self.search_timeout if timeout is None else timeout)
+        hits = self.search(query, tenant=tenant, session_id=session_id, limit=limit, deadline=deadline)
+        if len(hits) < limit and not hits.truncated:
+            more = self.search(query, tenant=tenant, policy=policy, exclude_session=session_id,
+                               limit=limit - len(hits), deadline=deadline)
+            hits = SearchHits([*hits, *more], more.truncated)
+        return hits
+
+    # ------------------------------------------------------------------------------ state lookups
+
+    def _one(self, sql: str, params: list[Any]) -> dict[str, Any] | None:
+        rows = self._query(sql, params)
+        return rows[0] if rows else None
+
+    def session_window(self, tenant: str, session_id: str) -> dict[str, Any] | None:
+        return self._one("select * from session_windows where tenant = ? and session_id = ?",
+                         [tenant, session_id])
+
+    def tool_result_rows(self, tenant: str, session_id: str) -> list[dict[str, Any]]:
+        return self._query("select * from tool_results where tenant = ? and session_id = ? "
+                           "order by created_at, rowid", [tenant, session_id])
+
+    def tool_result_by_handle(self, tenant: str, handle: str) -> dict[str, Any] | None:
+        return self._one("select * from tool_results where tenant = ? and handle = ? "
+                         "order by created_at desc limit 1", [tenant, handle])
+
+    def session_memory(self, tenant: str, session_id: str, kind: str) -> dict[str, Any] | None:
+        return self._one("select * from session_memory where tenant = ? and session_id = ? and kind = ?",
+                         [tenant, session_id, kind])
