@@ -114,9 +114,17 @@ def message_by_handle(conn: Queryable, tenant: str, handle: str) -> dict[str, An
     prefix = handle[len(MESSAGE_HANDLE):]
     if not handle.startswith(MESSAGE_HANDLE) or "#" in prefix or len(prefix) < MESSAGE_HANDLE_CHARS:
         return None
-    row = conn.execute("select id, session_id, role, call_id, proxy, parent_id, body from messages "
-                       "where id >= ? and id <= ? and tenant = ? limit 1",
-                       [prefix, prefix + "\U0010ffff", safe_text(tenant)]).fetchone()
+    row = conn.execute(f"select {HANDLE_COLUMNS} from messages where id >= ? and id <= ? and tenant = ? "
+                       "limit 1", [prefix, prefix + "\U0010ffff", safe_text(tenant)]).fetchone()
+    return handle_result(conn, handle, row)
+
+
+HANDLE_COLUMNS = "id, session_id, role, call_id, proxy, parent_id, body"
+
+
+def handle_result(conn: Queryable, handle: str, row: Any) -> dict[str, Any] | None:
+    """What a `msg-` handle reads back, from its message row (HANDLE_COLUMNS): nothing for the proxy's
+    own traffic."""
     if row is None or row[4] == 1:
         return None
     message = loads(row[6])

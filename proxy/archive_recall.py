@@ -219,3 +219,20 @@ def hit_handle(conn: Queryable, row: dict[str, Any], message: dict[str, Any] | N
 def skips_internal_lines(row: dict[str, Any], message: dict[str, Any] | None) -> bool:
     """An old row of a turn that called client and internal tools indexed the internal calls too."""
     return row["proxy"] is None and message is not None and has_internal_call(message)
+
+
+def fill_hit(conn: Queryable, row: dict[str, Any], message: dict[str, Any] | None, marked: str,
+             first_line: int, edges: tuple[bool, bool], tenant: str | None, asking: str | None) -> bool:
+    """Complete a hit row from its best chunk (`marked`: the chunk's text with the matches marked):
+    its matching lines, snippet, line count and handle. False when it matched on the internal calls
+    only (then it is no hit). Both readers finish their hits here."""
+    skip = skips_internal_lines(row, message)
+    lines = matching_lines(marked, first_line, skip_internal_calls=skip, edges=edges)
+    if skip and not lines:
+        return False
+    row["lines"] = [[number, plain(text)] for number, text in lines]
+    row["snippet"] = bracketed(lines[0][1]) if lines else ""
+    row["line_count"] = message_text(message).count("\n") + 1 if message is not None else None
+    row["handle"] = hit_handle(conn, row, message, tenant, asking)
+    return True
+

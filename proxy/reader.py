@@ -110,13 +110,6 @@ class ArchiveReader(SharedQueries):
 
     # ----------------------------------------------------------------------------------- queries
 
-    def sessions(self, limit: int = 50) -> list[dict[str, Any]]:
-        return self._query(
-            """select session_id, min(session_source) as source, count(*) as turns,
-                      sum(tokens_before) as tokens_before, sum(tokens_after) as tokens_after,
-                      max(created_at) as last_activity, group_concat(distinct policy) as policies
-               from exchanges group by session_id order by last_activity desc limit ?""", [limit])
-
     def chain(self, leaf: str | None) -> list[dict[str, Any]]:
         """Messages from the root to `leaf`, each as it was received."""
         found: list[dict[str, Any]] = []
@@ -130,21 +123,6 @@ class ArchiveReader(SharedQueries):
             node = row[0]
         found.reverse()
         return found
-
-    def exchanges(self, session_id: str) -> list[dict[str, Any]]:
-        return self._query("select * from exchanges where session_id = ? order by created_at, rowid",
-                           [session_id])
-
-    def conversation(self, session_id: str) -> list[dict[str, Any]]:
-        """The latest request of the session as the client sent it, plus the answer it got."""
-        rows = self.exchanges(session_id)
-        if not rows:
-            return []
-        last = rows[-1]
-        messages = self.chain(last["request_leaf"])
-        if last["response_message_id"]:
-            messages += self.chain(last["response_message_id"])[-1:]
-        return messages
 
     # ------------------------------------------------------------------------------------ search
 
@@ -235,18 +213,11 @@ class ArchiveReader(SharedQueries):
         out = []
         for row in found:
             message = row.pop("message")
-            skip = archive_recall.skips_internal_lines(row, message)
             first = archive_recall.chunk_start_line(conn, row["id"], row["chunk"], row["size"], self._starts)
             edges = archive_recall.cut_edges(conn, row["id"], row["chunk"], row["size"])
-            lines = archive_recall.matching_lines(marked.get(row.pop("chunk")) or "", first,
-                                                  skip_internal_calls=skip, edges=edges)
-            if skip and not lines:
-                continue  # it matched on the internal calls only
-            row["lines"] = [[number, archive_recall.plain(text)] for number, text in lines]
-            row["snippet"] = archive_recall.bracketed(lines[0][1]) if lines else ""
-            row["line_count"] = message_text(message).count("\n") + 1 if message is not None else None
-            row["handle"] = archive_recall.hit_handle(conn, row, message, tenant, asking)
-            out.append(row)
+            if archive_recall.fill_hit(conn, row, message, marked.get(row.pop("chunk")) or "", first, edges,
+                                       tenant, asking):
+                out.append(row)
         return out
 
     def _accepted(self, conn: sqlite3.Connection, best: dict[str, tuple[int, float]], limit: int,

@@ -121,13 +121,6 @@ class PostgresReader(SharedQueries):
 
     # ----------------------------------------------------------------------------------- queries
 
-    def sessions(self, limit: int = 50) -> list[dict[str, Any]]:
-        return self._query(
-            """select session_id, min(session_source) as source, count(*) as turns,
-                      sum(tokens_before) as tokens_before, sum(tokens_after) as tokens_after,
-                      max(created_at) as last_activity, group_concat(distinct policy) as policies
-               from exchanges group by session_id order by last_activity desc limit ?""", [limit])
-
     def chain(self, leaf: str | None) -> list[dict[str, Any]]:
         """Messages from the root to `leaf`, each as it was received (one round trip, not one a
         message)."""
@@ -141,21 +134,6 @@ class PostgresReader(SharedQueries):
                 " on m.id = up.parent_id where not starts_with(up.parent_id, 'tenant:'))"
                 " select body from up order by depth desc", [leaf]).fetchall()
         return [loads(body) for (body,) in rows]
-
-    def exchanges(self, session_id: str) -> list[dict[str, Any]]:
-        return self._query("select * from exchanges where session_id = ? order by created_at, rowid",
-                           [session_id])
-
-    def conversation(self, session_id: str) -> list[dict[str, Any]]:
-        """The latest request of the session as the client sent it, plus the answer it got."""
-        rows = self.exchanges(session_id)
-        if not rows:
-            return []
-        last = rows[-1]
-        messages = self.chain(last["request_leaf"])
-        if last["response_message_id"]:
-            messages += self.chain(last["response_message_id"])[-1:]
-        return messages
 
     # ------------------------------------------------------------------------------------ search
 

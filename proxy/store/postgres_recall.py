@@ -19,9 +19,9 @@ from typing import Any
 from proxy import archive_recall
 from proxy.archive_codec import loads, safe_text
 from proxy.archive_db import CHUNK_CHARS
-from proxy.archive_read_back import Queryable, answers_internal
+from proxy.archive_read_back import HANDLE_COLUMNS, Queryable, handle_result
 from proxy.archive_recall import END, MARK
-from proxy.archive_traffic import MESSAGE_HANDLE, MESSAGE_HANDLE_CHARS, is_proxy_message, message_text
+from proxy.archive_traffic import MESSAGE_HANDLE, MESSAGE_HANDLE_CHARS, message_text
 from proxy.store.sql import QmarkConnection
 
 Row = dict[str, Any]
@@ -229,16 +229,9 @@ def ranked(conn: Timed, config: str, terms: list[str], scope: Scope, limit: int,
                      [row["chunk"] for row in found if row["size"] is None or row["size"] > CHUNK_CHARS])
     for row in found:
         message = row.pop("message")
-        skip = archive_recall.skips_internal_lines(row, message)
         marked, first, edges = chunks[row.pop("chunk")]
-        lines = archive_recall.matching_lines(marked, first, skip_internal_calls=skip, edges=edges)
-        if skip and not lines:
-            continue  # it matched on the internal calls only
-        row["lines"] = [[number, archive_recall.plain(text)] for number, text in lines]
-        row["snippet"] = archive_recall.bracketed(lines[0][1]) if lines else ""
-        row["line_count"] = message_text(message).count("\n") + 1 if message is not None else None
-        row["handle"] = archive_recall.hit_handle(conn, row, message, tenant, asking)
-        out.append(row)
+        if archive_recall.fill_hit(conn, row, message, marked, first, edges, tenant, asking):
+            out.append(row)
 
 
 def _accepted(conn: Timed, best: dict[str, tuple[int, float]], limit: int, in_scope: Callable[[Row], bool],
@@ -363,14 +356,7 @@ def message_by_handle(conn: Queryable, tenant: str, handle: str) -> dict[str, An
     prefix = handle[len(MESSAGE_HANDLE):]
     if not handle.startswith(MESSAGE_HANDLE) or len(prefix) < MESSAGE_HANDLE_CHARS or not _HEX.match(prefix):
         return None  # (no archive id holds anything else)
-    row = conn.execute("select id, session_id, role, call_id, proxy, parent_id, body from messages "
-                       "where id >= ? and id < ? and left(id, ?) = ? and tenant = ? limit 1",
+    row = conn.execute(f"select {HANDLE_COLUMNS} from messages where id >= ? and id < ? and "
+                       "left(id, ?) = ? and tenant = ? limit 1",
                        [prefix, prefix + "g", len(prefix), prefix, safe_text(tenant)]).fetchone()
-    if row is None or row[4] == 1:
-        return None
-    message = loads(row[6])
-    if row[4] is None and (is_proxy_message(message) or (
-            row[2] == "tool" and row[3] and answers_internal(conn, row[5], row[3]))):
-        return None
-    return {"handle": handle, "call_id": row[3] or handle, "content": message_text(message),
-            "tool_name": None}
+    return handle_result(conn, handle, row)

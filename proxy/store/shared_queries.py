@@ -1,5 +1,6 @@
-"""What both archive readers (SQLite and PostgreSQL) answer with the same SQL: recall's two steps and
-the state lookups the session store rebuilds from. A reader provides `_query` and `search`."""
+"""What both archive readers (SQLite and PostgreSQL) answer with the same SQL: sessions and exchanges,
+recall's two steps and the state lookups the session store rebuilds from. A reader provides `_query`,
+`chain` and `search`."""
 
 from __future__ import annotations
 
@@ -16,6 +17,31 @@ class SharedQueries:
 
     def _query(self, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
         raise NotImplementedError
+
+    def chain(self, leaf: str | None) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def sessions(self, limit: int = 50) -> list[dict[str, Any]]:
+        return self._query(
+            """select session_id, min(session_source) as source, count(*) as turns,
+                      sum(tokens_before) as tokens_before, sum(tokens_after) as tokens_after,
+                      max(created_at) as last_activity, group_concat(distinct policy) as policies
+               from exchanges group by session_id order by last_activity desc limit ?""", [limit])
+
+    def exchanges(self, session_id: str) -> list[dict[str, Any]]:
+        return self._query("select * from exchanges where session_id = ? order by created_at, rowid",
+                           [session_id])
+
+    def conversation(self, session_id: str) -> list[dict[str, Any]]:
+        """The latest request of the session as the client sent it, plus the answer it got."""
+        rows = self.exchanges(session_id)
+        if not rows:
+            return []
+        last = rows[-1]
+        messages = self.chain(last["request_leaf"])
+        if last["response_message_id"]:
+            messages += self.chain(last["response_message_id"])[-1:]
+        return messages
 
     def search(self, query: str, *, tenant: str | None = None, session_id: str | None = None,
                policy: str | None = None, exclude_session: str | None = None, limit: int = 10,
