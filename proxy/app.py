@@ -28,7 +28,7 @@ from proxy.errors import ContextLengthExceeded, CtxProxyError
 from proxy.exchange_end import ctxproxy_headers, finish, on_archived, overhead, spend_recorder
 from proxy.internal_tools import ToolContext
 from proxy.metrics import Metrics
-from proxy.offload import off_loop_if_large
+from proxy.offload import INLINE_BYTES, off_loop_if_large
 from proxy.pins import PinStore
 from proxy.policy import LoadedPolicy, PolicyStore
 from proxy.relay import archived, open_and_read, relay_rest, relay_stream
@@ -46,7 +46,7 @@ from proxy.routes import (
     select_policy,
 )
 from proxy.session import Session, identify
-from proxy.state import SessionState, StateStore
+from proxy.state import SessionState, StateStore, WouldBlock
 from proxy.store.storage import ArchiveQueries, Storage, open_storage
 from proxy.tokens import TokenCounter, model_window
 from proxy.ui import routes as ui_routes
@@ -138,9 +138,7 @@ async def converse(request: Request, wire: WireFormat) -> Response:
                 state.upstreams[CHAT.name], state.upstream.request_headers(request.headers, identity=True),
                 str(layer1.summarizer_model), pending, layer1.summarizer_timeout_s)
     try:
-        # Token counting, summaries and archive lookups are input-sized: never on the event loop.
-        outcome, content, session_state = await anyio.to_thread.run_sync(
-            rewrite, conversation, context, decoded)
+        outcome, content, session_state = await rewrite_soon(state, conversation, context, decoded, len(raw))
     except ContextLengthExceeded as refusal:
         return await refused(state, wire, decoded, policy, session, tenant, refusal, started)
     if outcome.evicted:  # model-written headlines and episodes never block a request
@@ -205,6 +203,24 @@ async def converse(request: Request, wire: WireFormat) -> Response:
                               wire.error_event)
     return StreamingResponse(archived(events, rc.records, done, wire.done_markers, wire.error_event),
                              status_code=response.status_code, headers=relayed)
+
+
+async def rewrite_soon(state: ProxyState, conversation: pipeline.Conversation,
+                       context: pipeline.PipelineContext, decoded: Decoded,
+                       size: int) -> tuple[pipeline.Outcome, bytes, SessionState]:
+    """`rewrite` right here when that is cheaper than a thread hop (a small request whose session is in
+    memory and free, the archive far from full: nothing to wait for); else in a worker thread, as anything
+    that may wait on a lock, a database or the disk must be, and input-sized work (token counting,
+    summaries) of a large request."""
+    if size <= INLINE_BYTES and state.archive.has_room:
+        context.wait = False
+        try:
+            return rewrite(conversation, context, decoded)
+        except WouldBlock:
+            pass  # nothing was done: the same work, in a thread
+        finally:
+            context.wait = True
+    return await anyio.to_thread.run_sync(rewrite, conversation, context, decoded)
 
 
 def rewrite(conversation: pipeline.Conversation, context: pipeline.PipelineContext,

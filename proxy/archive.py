@@ -148,6 +148,11 @@ class ArchiveWriter:
     def queued_bytes(self) -> int:
         return self._queued_bytes
 
+    @property
+    def has_room(self) -> bool:
+        """Far from full: a small submit now will not wait for the writer (the event loop may make it)."""
+        return self._queued_bytes < self.max_queued_bytes // 2
+
     def _enqueue(self, payload: bytes) -> None:
         with self._cond:
             while (not self._closed and self._queued_bytes

@@ -18,6 +18,7 @@ from proxy.internal_tools import READ_TOOL_RESULT, RECALL
 from proxy.layers.tool_results import EVICTED, PLACEHOLDER, SUMMARY
 from proxy.logs import log_exchange
 from proxy.model_summary import Spend
+from proxy.offload import INLINE_BYTES
 
 INTERNAL = "internal"  # the gate column of the proxy's own model calls (not a client request)
 
@@ -73,8 +74,20 @@ async def finish(state: ProxyState, wire: WireFormat, records: list[ExchangeReco
         metrics.tokens_before.labels(policy).inc(records[0].tokens_before)
         metrics.tokens_after.labels(policy).inc(records[-1].tokens_after or 0)
     telemetry.records_done(records)  # its trace span's usage and models (a stream's span ends here)
-    spooled = await anyio.to_thread.run_sync(state.archive.submit_many, records)
+    archive = state.archive
+    if archive.has_room and all(_small(record) for record in records):
+        spooled = archive.submit_many(records)  # a spool append that will not wait: no thread hop
+    else:
+        spooled = await anyio.to_thread.run_sync(archive.submit_many, records)
     metrics.archived_bytes.inc(spooled)
+
+
+def _small(record: ExchangeRecord) -> bool:
+    """A record that encodes and spools in well under a millisecond: a short request (by its tokens,
+    ~4 bytes each; forwarded messages are no longer) and a short answer."""
+    answer = len(record.response_body or b"") + sum(len(chunk) for chunk in record.response_chunks)
+    return record.tokens_before is not None and record.tokens_before * 4 <= INLINE_BYTES and \
+        answer <= INLINE_BYTES
 
 
 def note_activity(first: ExchangeRecord, rounds: int, outcome: Outcome | None, calls: Counter[str],

@@ -10,6 +10,9 @@ import anyio
 
 T = TypeVar("T")
 LARGE = 256 * 1024  # bytes
+# A request this small is rewritten on the event loop when nothing in it can wait (app.rewrite_soon): its
+# pipeline takes well under a millisecond, and a worker thread would cost more in hops and GIL handoffs.
+INLINE_BYTES = 64 * 1024
 
 
 async def off_loop_if_large(size: int, work: Callable[..., T], *args: Any) -> T:

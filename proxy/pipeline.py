@@ -84,12 +84,14 @@ class PipelineContext:
     prepared: dict[tuple[str, str], str] | None = None  # model-written summaries fetched beforehand
     now: Callable[[], float] = time.time
     pins: Callable[[], list[Pin]] | None = None  # runtime pins of this project for this tenant
+    wait: bool = True  # False (on the event loop): raise state.WouldBlock rather than wait for the session
 
 
 @telemetry.traced("ctxproxy.pipeline", telemetry.outcome_attributes)  # spans: no-op without telemetry
 def run(conversation: Conversation, context: PipelineContext) -> Outcome:
     """Rewrite one request. Runs in a worker thread; one request of a session at a time."""
-    with context.store.session(context.tenant, context.session.id) as state, context.tokens.request_scope():
+    with context.store.session(context.tenant, context.session.id, wait=context.wait) as state, \
+            context.tokens.request_scope():
         return _run(conversation, context, state)
 
 

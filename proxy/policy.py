@@ -237,6 +237,9 @@ class PolicyStore:
         self.folder = folder if folder is not None else shipped.policies_dir()
         self._cache: dict[str, tuple[float, LoadedPolicy]] = {}
         self._builtin_default = LoadedPolicy("default", Policy(), None)
+        # A folder with no default.yaml: the folder's mtime when that was seen (a file added or renamed
+        # into it changes it), so the built-in default costs one stat a request, not two failed lookups.
+        self._no_default_file: int | None = None
 
     def _path_for(self, name: str) -> Path | None:
         if self.folder is None:
@@ -256,10 +259,15 @@ class PolicyStore:
                     return cached[1]
             except OSError:
                 pass
+        if name == "default" and self._no_default_file is not None and self._folder_mtime() == \
+                self._no_default_file:
+            return self._builtin_default
         validate_policy_name(name)
+        folder_mtime = self._folder_mtime()
         path = self._path_for(name)
         if path is None:
             if name == "default":
+                self._no_default_file = folder_mtime
                 return self._builtin_default
             raise NotFound(f"unknown policy {name!r}; available: {', '.join(self.names()) or 'default'}",
                            code="unknown_policy")
@@ -278,6 +286,12 @@ class PolicyStore:
         if cached:
             log.info("policy %s reloaded from %s", name, path)
         return loaded
+
+    def _folder_mtime(self) -> int | None:
+        try:
+            return os.stat(self.folder).st_mtime_ns if self.folder is not None else None
+        except OSError:
+            return None
 
     def names(self) -> list[str]:
         if self.folder is None or not self.folder.is_dir():

@@ -139,6 +139,10 @@ def _from_row(row: dict[str, Any]) -> StoredResult:
 KINDS = ("tool_results", "window", "working", "folded", "splices")  # the parts of a state in the archive
 
 
+class WouldBlock(Exception):
+    """`StateStore.session(wait=False)` could not have the state without waiting; nothing was done."""
+
+
 class StateStore:
     """Session states by (tenant, session): a cache with a byte budget over what the archive holds.
 
@@ -232,10 +236,26 @@ class StateStore:
                     state.size += len(found["data"]) if found else 0
 
     @contextlib.contextmanager
-    def session(self, tenant: str, session_id: str) -> Iterator[SessionState]:
+    def session(self, tenant: str, session_id: str, *, wait: bool = True) -> Iterator[SessionState]:
         """The session's state, for one request (or one change) at a time. With a ledger (replicas on
         PostgreSQL) also one at a time across processes: the state is brought up to what the database
-        holds first, and what the request decided is committed there before the next one may start."""
+        holds first, and what the request decided is committed there before the next one may start.
+
+        wait=False (the event loop's own thread): raise WouldBlock, having done nothing, unless the state
+        is in memory and free now and no ledger is involved (a database round trip)."""
+        if not wait:
+            key = (tenant, session_id)
+            with self._lock:
+                cached = self._sessions.get(key)
+                if cached is not None:
+                    self._sessions.move_to_end(key)
+            if cached is None or self._ledger is not None or not cached.lock.acquire(blocking=False):
+                raise WouldBlock(f"session {session_id} is not in memory or is busy")
+            try:
+                yield cached
+            finally:
+                cached.lock.release()
+            return
         state = self.get(tenant, session_id)
         with state.lock:
             if self._ledger is None:

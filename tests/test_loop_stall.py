@@ -7,6 +7,7 @@ the loop itself would be held and the probes below would time out instead of bei
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 
@@ -15,6 +16,7 @@ import orjson
 import pytest
 
 from proxy import pipeline
+from proxy.state import WouldBlock
 
 TOOLS = [{"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}]
 
@@ -67,6 +69,61 @@ def test_pipeline_runs_off_the_event_loop(proxy, fake_upstream, monkeypatch):
     forwarded = fake_upstream.chat_requests[-1].json()
     assert "call_id=call_big" in forwarded["messages"][2]["content"]  # it was summarized
     assert len(fake_upstream.chat_requests[-1].body) < len(big) / 10
+
+
+def test_a_small_request_of_a_busy_session_waits_in_a_thread_not_on_the_loop(proxy, monkeypatch):
+    """Small requests of a session in memory are rewritten on the event loop (no thread hop); one whose
+    session is being rewritten by another request must wait for it, and that wait is in a worker thread."""
+    entered, release, refused = threading.Event(), threading.Event(), threading.Event()
+    real_run, real_inner = pipeline.run, pipeline._run
+    runs: list[bool] = []  # the session's completed pipeline runs: True when on the event loop's thread
+
+    def recorded_run(conversation, context):
+        if context.session.id != "busy-session":
+            return real_run(conversation, context)
+        try:
+            outcome = real_run(conversation, context)
+        except WouldBlock:  # nothing done: it runs again in a thread
+            refused.set()
+            raise
+        runs.append(asyncio._get_running_loop() is not None)
+        return outcome
+
+    def held_inner(conversation, context, state):  # inside the session's lock
+        if "hold" in str(conversation.messages[-1].get("content"))[:10]:
+            entered.set()
+            assert release.wait(20), "the probes never came through"
+        return real_inner(conversation, context, state)
+
+    monkeypatch.setattr(pipeline, "run", recorded_run)
+    monkeypatch.setattr(pipeline, "_run", held_inner)
+    headers = {"authorization": "Bearer sk-busy-tenant", "x-ctxproxy-session": "busy-session"}
+    first = [{"role": "user", "content": "hello"}]
+    with httpx.Client(base_url=proxy.url, timeout=60, headers=headers) as client:
+        for _ in range(2):  # the first builds the session's state (in a thread), the second finds it
+            response = client.post("/v1/chat/completions", json={"model": "gpt-4o", "messages": first})
+            assert response.status_code == 200
+    assert runs == [False, True]
+    refused.clear()
+    results: dict[str, httpx.Response] = {}
+
+    def send(name: str, content: str) -> None:
+        with httpx.Client(base_url=proxy.url, timeout=60, headers=headers) as client:
+            results[name] = client.post("/v1/chat/completions", json={"model": "gpt-4o", "messages": [
+                *first, {"role": "assistant", "content": "hi"}, {"role": "user", "content": content}]})
+
+    # Over INLINE_BYTES: rewritten in a thread, where it holds the session until released.
+    held = threading.Thread(target=send, args=("held", "hold " + "x" * 100_000))
+    held.start()
+    assert entered.wait(30), "the held request never reached the pipeline"
+    waiting = threading.Thread(target=send, args=("waiting", "and this one"))
+    waiting.start()  # small, but its session is busy: it must wait for it off the loop
+    assert refused.wait(30), "the small request never tried the event loop"
+    probe_while_held(proxy, release)
+    held.join(60)
+    waiting.join(60)
+    assert results["held"].status_code == results["waiting"].status_code == 200
+    assert runs[2:] == [False, False]
 
 
 def test_recall_runs_off_the_event_loop(make_proxy, fake_upstream, monkeypatch):

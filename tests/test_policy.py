@@ -81,6 +81,15 @@ def test_store_reloads_changed_file_and_keeps_last_good_on_bad_edit(tmp_path, ca
         store.get("absent")
 
 
+def test_default_file_added_later_is_picked_up(tmp_path):
+    store = PolicyStore(tmp_path)
+    assert store.get("default").path is None  # no default.yaml: the built-in default
+    assert store.get("default").path is None  # (remembered against the folder's mtime)
+    write(tmp_path / "default.yaml", "tool_results:\n  threshold_tokens: 300\n")
+    os.utime(tmp_path, ns=(1, 10**18))  # a distinct folder mtime, independent of the clock's resolution
+    assert store.get("default").policy.tool_results.threshold_tokens == 300
+
+
 def test_reload_is_visible_through_the_server(proxy, fake_upstream):
     path = proxy.policies_dir / "passthrough.yaml"
     url = f"{proxy.url}/p/passthrough/v1/chat/completions"

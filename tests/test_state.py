@@ -5,9 +5,11 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import pytest
+
 from proxy import tokens as tokens_module
 from proxy.archive import TableRow
-from proxy.state import StateStore
+from proxy.state import StateStore, WouldBlock
 from proxy.tokens import TokenCounter
 
 
@@ -122,3 +124,19 @@ def test_a_rebuilt_session_treats_everything_as_already_sent():
     restarted = StateStore(persist=archive.persist, lookup=archive, barrier=archive.barrier)
     assert restarted.get("tenant", "s1").history_len >= 1 << 30
     assert restarted.get("tenant", "s2").history_len == 0
+
+
+def test_session_without_waiting_refuses_whatever_would_wait():
+    store = StateStore()
+    with pytest.raises(WouldBlock), store.session("tenant", "s", wait=False):
+        pass  # not in memory: building it may read the archive
+    state = store.get("tenant", "s")
+    with store.session("tenant", "s", wait=False) as found:
+        assert found is state and state.lock.locked()
+    assert not state.lock.locked()
+    with state.lock, pytest.raises(WouldBlock), store.session("tenant", "s", wait=False):
+        pass  # another request of the session is being rewritten
+    replicas = StateStore(ledger=object())  # type: ignore[arg-type]  # (a database round trip)
+    replicas.get("tenant", "s")
+    with pytest.raises(WouldBlock), replicas.session("tenant", "s", wait=False):
+        pass
