@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import anyio
-import httpx
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -326,16 +325,15 @@ def warm_up(tokens: TokenCounter, policies: PolicyStore) -> None:
             break
 
 
-def upstreams(config: Config, transport: httpx.AsyncBaseTransport | None) -> dict[str, Upstream]:
+def upstreams(config: Config) -> dict[str, Upstream]:
     """One upstream per provider; chat completions and Responses share OpenAI's."""
-    openai = Upstream(config.upstream, config.upstream_api_key(), transport=transport)
-    anthropic = Upstream(config.upstream, config.upstream_api_key(anthropic=True), transport=transport,
-                         anthropic=True)
+    openai = Upstream(config.upstream, config.upstream_api_key())
+    anthropic = Upstream(config.upstream, config.upstream_api_key(anthropic=True), anthropic=True)
     return {CHAT.name: openai, RESPONSES.name: openai, MESSAGES.name: anthropic}
 
 
-def build_app(config: Config, *, transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
-    """Create the ASGI app. `transport` is the test seam for the upstream (as in httpx)."""
+def build_app(config: Config) -> Starlette:
+    """Create the ASGI app (tests put a scripted upstream on a loopback socket behind upstream.base_url)."""
     policies = PolicyStore(config.policies_dir)
     problems = policies.check_all()
     if problems:
@@ -352,7 +350,7 @@ def build_app(config: Config, *, transport: httpx.AsyncBaseTransport | None = No
         archive, reader = storage.writer, storage.reader
         app.state.proxy = ProxyState(
             config=config, policies=policies,
-            upstreams=upstreams(config, transport),
+            upstreams=upstreams(config),
             archive=archive, tokens=tokens, metrics=metrics,
             # (with a ledger, decisions are committed in line: nothing to wait for before a rebuild)
             store=StateStore(persist=archive.submit, lookup=reader,

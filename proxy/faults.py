@@ -7,12 +7,10 @@ instead of returning a truncated answer as if it were whole. The archive gets th
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import httpx
 import orjson
 
 if TYPE_CHECKING:
@@ -20,6 +18,7 @@ if TYPE_CHECKING:
 
 from proxy.errors import CtxProxyError, UpstreamTimeout
 from proxy.sse import DONE, EventSplitter, event_data
+from proxy.upstream_response import ReadTimeout, TransportError, UpstreamResponse
 
 STREAM_BROKEN = "upstream_stream_broken"
 TIMEOUT = "upstream_timeout"
@@ -37,25 +36,16 @@ class UpstreamBroken(CtxProxyError):
 def describe(exc: BaseException) -> str:
     """`Type: message`, never empty; a read timeout says how long the upstream was silent."""
     text = str(exc).strip()
-    if isinstance(exc, httpx.ReadTimeout):
-        read = _read_timeout(exc)
+    if isinstance(exc, ReadTimeout):
+        read = exc.timeout_s
         silence = f"no data for {read:g} s (upstream.timeout_s)" if read is not None else ""
         text = "; ".join(part for part in (text, silence) if part)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _read_timeout(exc: httpx.TimeoutException) -> float | None:
-    try:
-        timeout = exc.request.extensions.get("timeout") or {}
-    except RuntimeError:  # raised without a request
-        return None
-    read = timeout.get("read")
-    return float(read) if isinstance(read, int | float) else None
-
-
 def stream_failure(exc: BaseException) -> tuple[str, str]:
     """(error code, message) for an exception that ended an upstream stream."""
-    code = TIMEOUT if isinstance(exc, httpx.TimeoutException) else STREAM_BROKEN
+    code = TIMEOUT if isinstance(exc, ReadTimeout) else STREAM_BROKEN
     return code, f"upstream stream broke off: {describe(exc)}"
 
 
@@ -68,19 +58,16 @@ def error_event(message: str, code: str, kind: str = "upstream_error") -> bytes:
     return b"data: " + orjson.dumps(error_object(message, code, kind)) + b"\n\n"
 
 
-def elapsed_ms(response: httpx.Response, fallback_started: float) -> float:
+def elapsed_ms(response: UpstreamResponse) -> float:
     """Milliseconds from sending the request to the end (close) of its response."""
-    try:
-        return response.elapsed.total_seconds() * 1000
-    except RuntimeError:  # not closed yet
-        return (time.perf_counter() - fallback_started) * 1000
+    return response.elapsed_ms
 
 
 # A non-streamed answer: the response, its body (or first bytes), and the rest when it is over the cap.
-Answer = tuple[httpx.Response, bytes, AsyncIterator[bytes] | None]
+Answer = tuple[UpstreamResponse, bytes, AsyncIterator[bytes] | None]
 
 
-async def read_answer(response: httpx.Response, base_url: str,
+async def read_answer(response: UpstreamResponse, base_url: str,
                       cap: int) -> tuple[bytes, AsyncIterator[bytes] | None]:
     """A non-streamed answer, read up to `cap` bytes (upstream.max_response_bytes): (the whole body, None),
     or (its first `cap` bytes, the rest) — the rest is to be relayed unbuffered and closes the response
@@ -97,17 +84,18 @@ async def read_answer(response: httpx.Response, base_url: str,
     except BaseException as exc:
         with anyio.CancelScope(shield=True):
             await response.aclose()
-        if isinstance(exc, httpx.TimeoutException):
+        if isinstance(exc, ReadTimeout):
             raise UpstreamTimeout(f"upstream {base_url} timed out while sending its response: "
                                   f"{describe(exc)}") from None
-        if isinstance(exc, httpx.HTTPError):
+        if isinstance(exc, TransportError):
             raise UpstreamBroken(f"upstream {base_url} broke off its response: {describe(exc)}") from None
         raise
     await response.aclose()
     return b"".join(parts), None
 
 
-async def _rest(response: httpx.Response, first: bytes, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+async def _rest(response: UpstreamResponse, first: bytes,
+                chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     try:
         yield first
         async for chunk in chunks:
@@ -117,15 +105,15 @@ async def _rest(response: httpx.Response, first: bytes, chunks: AsyncIterator[by
             await response.aclose()
 
 
-async def close_timed(response: httpx.Response, record: ExchangeRecord, started: float) -> None:
+async def close_timed(response: UpstreamResponse, record: ExchangeRecord) -> None:
     """Close an upstream response however its relay ended (shielded from cancellation) and record how
     long the upstream took, to the end of its body."""
     with anyio.CancelScope(shield=True):
         await response.aclose()
-    record.upstream_ms = elapsed_ms(response, started)
+    record.upstream_ms = elapsed_ms(response)
 
 
-def is_event_stream(response: httpx.Response) -> bool:
+def is_event_stream(response: UpstreamResponse) -> bool:
     """A 200 answer to read as server-sent events (not a JSON error or a provider ignoring stream)."""
     return response.status_code == 200 and "json" not in response.headers.get("content-type", "").lower()
 

@@ -8,11 +8,11 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
-import httpx
 
 from proxy import faults, rounds, telemetry
 from proxy.archive import ExchangeRecord
 from proxy.upstream import Upstream
+from proxy.upstream_response import TransportError, UpstreamResponse
 
 log = logging.getLogger("ctxproxy")
 
@@ -48,7 +48,7 @@ async def relay_rest(first: bytes, rest: AsyncIterator[bytes], record: ExchangeR
         yield first
         async for chunk in rest:
             yield chunk
-    except httpx.HTTPError as exc:
+    except TransportError as exc:
         record.error = f"upstream broke off past upstream.max_response_bytes: {faults.describe(exc)}"
         raise
     finally:
@@ -57,7 +57,7 @@ async def relay_rest(first: bytes, rest: AsyncIterator[bytes], record: ExchangeR
             await on_done()
 
 
-async def relay_stream(response: httpx.Response, record: ExchangeRecord, cap: int,
+async def relay_stream(response: UpstreamResponse, record: ExchangeRecord, cap: int,
                        watch: faults.StreamWatch | None = None,
                        error_event: ErrorEvent = faults.error_event) -> AsyncIterator[bytes]:
     """Relay upstream bytes as they arrive and keep a copy for the archive. Never ends silently.
@@ -68,19 +68,18 @@ async def relay_stream(response: httpx.Response, record: ExchangeRecord, cap: in
     error status, a JSON answer) is relayed chunk by chunk untouched. The archive keeps at most `cap`
     bytes (upstream.max_response_bytes), marked when cut.
     """
-    started = time.perf_counter()
     watch = (watch or faults.StreamWatch()) if faults.is_event_stream(response) else None
-    broke: httpx.HTTPError | None = None
+    broke: TransportError | None = None
     try:
         async for chunk in response.aiter_raw():
             record.keep_chunk(chunk, cap)  # the archive keeps a marked prefix of a huge answer
             out = watch.feed(chunk) if watch is not None else chunk
             if out:
                 yield out
-    except httpx.HTTPError as exc:
+    except TransportError as exc:
         broke = exc
     finally:
-        await faults.close_timed(response, record, started)
+        await faults.close_timed(response, record)
     if watch is None:
         if broke is not None:
             record.error = faults.stream_failure(broke)[1]
@@ -92,7 +91,7 @@ async def relay_stream(response: httpx.Response, record: ExchangeRecord, cap: in
         yield event
 
 
-def stream_end(watch: faults.StreamWatch, broke: httpx.HTTPError | None, record: ExchangeRecord,
+def stream_end(watch: faults.StreamWatch, broke: TransportError | None, record: ExchangeRecord,
                error_event: ErrorEvent = faults.error_event) -> list[bytes]:
     """What ends a relayed event stream besides its own events: nothing, or one error event."""
     if watch.upstream_error is not None:  # relayed as sent: the client's SDK raises on it

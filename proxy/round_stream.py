@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import anyio
-import httpx
 import orjson
 
 from proxy import faults, telemetry
@@ -23,6 +22,7 @@ from proxy.errors import CtxProxyError
 from proxy.rounds import Conversation, RoundsContext, add_usage, begin_round, new_round, split_calls
 from proxy.sse import DONE, EventSplitter, event_data
 from proxy.upstream import Upstream
+from proxy.upstream_response import TransportError, UpstreamResponse
 from proxy.wire import Turn
 
 
@@ -45,17 +45,17 @@ def sse_bytes(obj: Any) -> bytes:
     return b"data: " + (obj if isinstance(obj, bytes) else orjson.dumps(obj)) + b"\n\n"
 
 
-async def open_stream(rc: RoundsContext, content: bytes) -> httpx.Response:
+async def open_stream(rc: RoundsContext, content: bytes) -> UpstreamResponse:
     return await telemetry.upstream_call(rc, rc.upstream.open("POST", rc.path, rc.query, rc.headers, content))
 
 
 class Framer(Protocol):
     """One client stream's event handling in its wire format, round after round (see ChatFramer)."""
 
-    def relay(self, response: httpx.Response, record: ExchangeRecord, round_no: int,
+    def relay(self, response: UpstreamResponse, record: ExchangeRecord, round_no: int,
               cap: int) -> AsyncIterator[bytes]: ...
 
-    def end(self, broke: httpx.HTTPError | None, record: ExchangeRecord) -> bytes | None: ...
+    def end(self, broke: TransportError | None, record: ExchangeRecord) -> bytes | None: ...
 
     def calls(self) -> list[dict[str, Any]]: ...
 
@@ -69,7 +69,7 @@ class Framer(Protocol):
     def refusal(self, error: CtxProxyError) -> bytes: ...
 
 
-async def stream(rc: RoundsContext, first: httpx.Response, framer: Framer) -> AsyncIterator[bytes]:
+async def stream(rc: RoundsContext, first: UpstreamResponse, framer: Framer) -> AsyncIterator[bytes]:
     """Streaming: relay content as it comes; hold tool calls until the round's end decides.
 
     Tool calls are held (the client cannot act on a half call anyway); if the round called only client
@@ -85,15 +85,15 @@ async def stream(rc: RoundsContext, first: httpx.Response, framer: Framer) -> As
     started = time.perf_counter() - rc.first_headers_ms / 1000  # it was sent before its headers came
     try:
         while True:
-            broke: httpx.HTTPError | None = None
+            broke: TransportError | None = None
             try:
                 async for out in framer.relay(response, record, conversation.round,
                                               rc.upstream.max_response_bytes):
                     yield out
-            except httpx.HTTPError as exc:
+            except TransportError as exc:
                 broke = exc
             finally:
-                await faults.close_timed(response, record, started)
+                await faults.close_timed(response, record)
             end = framer.end(broke, record)
             if end is not None:
                 if end:
@@ -146,13 +146,13 @@ class ChatFramer:
         self.response_id: str | None = None
         self.usage: dict[str, Any] | None = None
 
-    async def relay(self, response: httpx.Response, record: ExchangeRecord, round_no: int,
+    async def relay(self, response: UpstreamResponse, record: ExchangeRecord, round_no: int,
                     cap: int) -> AsyncIterator[bytes]:
         self.state = RoundState()
         async for out in _relay_round(response, record, self.state, round_no, self.response_id, cap):
             yield out
 
-    def end(self, broke: httpx.HTTPError | None, record: ExchangeRecord) -> bytes | None:
+    def end(self, broke: TransportError | None, record: ExchangeRecord) -> bytes | None:
         end = _round_end(self.state, broke, record)
         if end is None:
             self.response_id = self.response_id or self.state.response_id
@@ -177,7 +177,7 @@ class ChatFramer:
         return sse_bytes(error.body())
 
 
-def _round_end(state: RoundState, broke: httpx.HTTPError | None, record: ExchangeRecord) -> bytes | None:
+def _round_end(state: RoundState, broke: TransportError | None, record: ExchangeRecord) -> bytes | None:
     """None when the round is whole; otherwise how the client's stream ends: b"" (the upstream's own
     error event was relayed) or our error event. Sets the record's error either way."""
     if state.malformed:
@@ -200,7 +200,7 @@ def _round_end(state: RoundState, broke: httpx.HTTPError | None, record: Exchang
     return faults.error_event(message, code)
 
 
-async def _relay_round(response: httpx.Response, record: ExchangeRecord, state: RoundState, round_no: int,
+async def _relay_round(response: UpstreamResponse, record: ExchangeRecord, state: RoundState, round_no: int,
                        response_id: str | None, cap: int) -> AsyncIterator[bytes]:
     splitter = EventSplitter()
     async for chunk in response.aiter_raw():
@@ -369,7 +369,7 @@ def _error_of(body: bytes, status: int) -> dict[str, Any]:
             "code": "upstream_http_error", "param": None}
 
 
-async def _error_body(response: httpx.Response, upstream: Upstream) -> bytes:
+async def _error_body(response: UpstreamResponse, upstream: Upstream) -> bytes:
     """The body of a failed later round (capped: only its start is shown to the client and kept)."""
     body, rest = await faults.read_answer(response, upstream.base_url, upstream.max_response_bytes)
     if rest is not None:

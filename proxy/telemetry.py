@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from urllib.parse import urlsplit
 
 import anyio
-import httpx
 from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
 
@@ -45,6 +44,7 @@ if TYPE_CHECKING:
     from proxy.archive import ExchangeRecord
     from proxy.config import TelemetryConfig
     from proxy.rounds import RoundsContext
+    from proxy.upstream_response import UpstreamResponse
 
 log = logging.getLogger("ctxproxy")
 P = ParamSpec("P")
@@ -255,7 +255,7 @@ def records_done(records: list[ExchangeRecord]) -> None:
 
 # ------------------------------------------------------------------------------ upstream calls
 
-async def upstream_call(rc: RoundsContext, opening: Awaitable[httpx.Response]) -> httpx.Response:
+async def upstream_call(rc: RoundsContext, opening: Awaitable[UpstreamResponse]) -> UpstreamResponse:
     """A CLIENT span around one upstream call (`opening`: the awaitable of Upstream.open), to the close of
     its response; usage and response model are added from its archive record when the exchange ends."""
     current = _exchange.get()
@@ -286,24 +286,8 @@ async def upstream_call(rc: RoundsContext, opening: Awaitable[httpx.Response]) -
             call.end_ns = time.time_ns()
             call.record = rc.records[-1] if rc.records else None  # each round's record is made by then
 
-    response.stream = _OnClose(response.stream, closed)
+    response.on_close(closed)  # however its body was read
     return response
-
-
-class _OnClose(httpx.AsyncByteStream):
-    """A response body that reports its close (httpx closes it however the body was read)."""
-
-    def __init__(self, inner: Any, on_close: Callable[[], None]) -> None:
-        self.inner, self.on_close = inner, on_close
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return self.inner.__aiter__()  # the chunks go through untouched: no extra step per chunk
-
-    async def aclose(self) -> None:
-        try:
-            await self.inner.aclose()
-        finally:
-            self.on_close()
 
 
 # ------------------------------------------------------------------------------ spans inside an exchange

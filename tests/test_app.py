@@ -79,7 +79,7 @@ def test_upstream_timeouts_follow_the_config():
     from proxy.upstream import Upstream
 
     upstream = Upstream(UpstreamConfig(timeout_s=321), None)
-    assert upstream.client.timeout.read == 321 and upstream.client.timeout.connect == 10
+    assert upstream.timeout.sock_read == 321 and upstream.timeout.sock_connect == 10
 
 
 def test_unchanged_request_reaches_upstream_byte_for_byte(proxy, fake_upstream):

@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from proxy.errors import CtxProxyError
 
 if TYPE_CHECKING:
-    import httpx
-
     from proxy.faults import StreamWatch
     from proxy.rounds import RoundsContext
+    from proxy.upstream_response import UpstreamResponse
 
 Message = dict[str, Any]
 
@@ -89,4 +88,4 @@ class WireFormat(Protocol):
 
     def window(self, headers: Mapping[str, str]) -> int | None: ...  # a window the request's headers select
 
-    def stream_rounds(self, rc: RoundsContext, first: httpx.Response) -> AsyncIterator[bytes]: ...
+    def stream_rounds(self, rc: RoundsContext, first: UpstreamResponse) -> AsyncIterator[bytes]: ...

@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import orjson
 
 from proxy import commands, faults, round_stream, validate
 from proxy.errors import CtxProxyError
+from proxy.upstream_response import UpstreamResponse
 from proxy.wire import Decoded, Message, Turn
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ class ChatFormat:
     def watch(self) -> faults.StreamWatch:
         return faults.StreamWatch()
 
-    def stream_rounds(self, rc: RoundsContext, first: httpx.Response) -> AsyncIterator[bytes]:
+    def stream_rounds(self, rc: RoundsContext, first: UpstreamResponse) -> AsyncIterator[bytes]:
         return round_stream.stream(rc, first, round_stream.ChatFramer())
 
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
-import httpx
 import orjson
 
 from proxy import faults
 from proxy.archive import ExchangeRecord
 from proxy.sse import EventSplitter, event_data
+from proxy.upstream_response import TransportError, UpstreamResponse
 
 
 class Round(Protocol):
@@ -36,7 +36,7 @@ class EventFramer:
     def __init__(self) -> None:
         self.cut_tail = False
 
-    async def events(self, response: httpx.Response, record: ExchangeRecord,
+    async def events(self, response: UpstreamResponse, record: ExchangeRecord,
                      cap: int) -> AsyncIterator[bytes]:
         """The round's events as the client gets them; stops at an upstream error event."""
         splitter = EventSplitter()
@@ -56,7 +56,7 @@ class EventFramer:
         elif tail.strip():
             self.cut_tail = True
 
-    def end(self, broke: httpx.HTTPError | None, record: ExchangeRecord) -> bytes | None:
+    def end(self, broke: TransportError | None, record: ExchangeRecord) -> bytes | None:
         """None when the round is whole; else b"" (the upstream's error event was relayed) or ours."""
         state = self.round
         if state.malformed:

@@ -7,11 +7,11 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import orjson
 
 from proxy import faults, round_stream
 from proxy.errors import ContextLengthExceeded, CtxProxyError
+from proxy.upstream_response import UpstreamResponse
 from proxy.wire import Decoded, Turn
 from proxy.wire.framing import NamedEventWatch
 from proxy.wire.messages import block_text, decode, neutral_call
@@ -66,7 +66,7 @@ class MessagesFormat:
         # message_stop (done), a message_delta with a stop_reason (finished), an error
         return NamedEventWatch(frozenset({"message_stop"}), "message_delta", stop_reason_given)
 
-    def stream_rounds(self, rc: RoundsContext, first: httpx.Response) -> AsyncIterator[bytes]:
+    def stream_rounds(self, rc: RoundsContext, first: UpstreamResponse) -> AsyncIterator[bytes]:
         from proxy.wire.messages_framer import MessagesFramer
 
         return round_stream.stream(rc, first, MessagesFramer(rc.decoded))

@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import orjson
 
 from proxy.archive import ExchangeRecord
 from proxy.archive_traffic import INTERNAL_NAMES
 from proxy.errors import CtxProxyError
+from proxy.upstream_response import UpstreamResponse
 from proxy.wire import Decoded, Turn
 from proxy.wire.framing import EventFramer
 from proxy.wire.messages_format import error_object, error_type, sse_event
@@ -38,7 +38,7 @@ class MessagesFramer(EventFramer):
         self.blocks_sent = 0
         self.usage: dict[str, Any] | None = None
 
-    async def relay(self, response: httpx.Response, record: ExchangeRecord, round_no: int,
+    async def relay(self, response: UpstreamResponse, record: ExchangeRecord, round_no: int,
                     cap: int) -> AsyncIterator[bytes]:
         self.round = MessagesRound(round_no, self.blocks_sent, is_internal)
         async for out in self.events(response, record, cap):

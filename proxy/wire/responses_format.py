@@ -8,12 +8,12 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import orjson
 
 from proxy import faults, round_stream
 from proxy.archive_traffic import INTERNAL_NAMES
 from proxy.errors import ContextLengthExceeded, CtxProxyError
+from proxy.upstream_response import UpstreamResponse
 from proxy.wire import Decoded, Turn
 from proxy.wire.framing import NamedEventWatch
 from proxy.wire.responses import decode, neutral_call, text_of
@@ -62,7 +62,7 @@ class ResponsesFormat:
     def watch(self) -> faults.StreamWatch:
         return NamedEventWatch(ENDS)  # response.completed / incomplete / failed, or an error
 
-    def stream_rounds(self, rc: RoundsContext, first: httpx.Response) -> AsyncIterator[bytes]:
+    def stream_rounds(self, rc: RoundsContext, first: UpstreamResponse) -> AsyncIterator[bytes]:
         from proxy.wire.responses_framer import ResponsesFramer
 
         return round_stream.stream(rc, first, ResponsesFramer(rc.decoded))

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import orjson
 
 from proxy import faults
@@ -19,6 +18,7 @@ from proxy.archive import ExchangeRecord
 from proxy.archive_traffic import INTERNAL_NAMES
 from proxy.errors import CtxProxyError
 from proxy.rounds import stopped_note
+from proxy.upstream_response import UpstreamResponse
 from proxy.wire import Decoded, Turn
 from proxy.wire.framing import EventFramer
 from proxy.wire.responses import neutral_call
@@ -42,7 +42,7 @@ class ResponsesFramer(EventFramer):
         self.shown: list[dict[str, Any]] = []  # every item the client got, in its order
         self.usage: dict[str, Any] | None = None
 
-    async def relay(self, response: httpx.Response, record: ExchangeRecord, round_no: int,
+    async def relay(self, response: UpstreamResponse, record: ExchangeRecord, round_no: int,
                     cap: int) -> AsyncIterator[bytes]:
         previous = self.round
         self.round = ResponsesRound(round_no, self.items_sent, is_internal, sequence=previous.sequence,
