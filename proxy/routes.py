@@ -71,7 +71,7 @@ async def passthrough(request: Request) -> Response:
         select_policy(request, state.policies)  # an unknown policy in the URL is still a 404
     path = "/" + request.path_params["path"]
     if any(segment in (".", "..") for segment in path.split("/")):
-        # the HTTP client would resolve them against the upstream base URL, leaving its /v1 (or reaching others)
+        # the HTTP client would resolve them against the upstream base URL, leaving its /v1
         raise NotFound(f"Invalid URL ({request.method} {request.url.path}): dot segments are not forwarded",
                        code="unknown_route")
     upstream = state.upstreams["messages" if speaks_anthropic(request) else "chat"]
