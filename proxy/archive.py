@@ -83,6 +83,9 @@ class _Queued(NamedTuple):
     seq: int
     segment: int | None
     payload: bytes
+    # The exchange as submitted, so the writer need not decode its payload again (a record is not
+    # changed once submitted); None for rows, whose JSON round trip normalizes their values.
+    item: ExchangeRecord | None = None
 
 
 class ArchiveWriter:
@@ -135,14 +138,16 @@ class ArchiveWriter:
 
     def submit(self, item: ExchangeRecord | TableRow) -> None:
         """Durable (spooled) when this returns; may block while the writer is behind."""
-        self._enqueue(encode_item(item))
+        self._enqueue(encode_item(item), item if isinstance(item, ExchangeRecord) else None)
 
     def submit_many(self, items: Iterable[ExchangeRecord | TableRow]) -> int:
         """Durable when this returns; the bytes spooled."""
-        payloads = [encode_item(item) for item in items]
-        for payload in payloads:
-            self._enqueue(payload)
-        return sum(len(payload) for payload in payloads)
+        spooled = 0
+        for item in items:
+            payload = encode_item(item)
+            self._enqueue(payload, item if isinstance(item, ExchangeRecord) else None)
+            spooled += len(payload)
+        return spooled
 
     @property
     def queued_bytes(self) -> int:
@@ -153,7 +158,7 @@ class ArchiveWriter:
         """Far from full: a small submit now will not wait for the writer (the event loop may make it)."""
         return self._queued_bytes < self.max_queued_bytes // 2
 
-    def _enqueue(self, payload: bytes) -> None:
+    def _enqueue(self, payload: bytes, item: ExchangeRecord | None = None) -> None:
         with self._cond:
             while (not self._closed and self._queued_bytes
                    and self._queued_bytes + len(payload) > self.max_queued_bytes):
@@ -168,7 +173,7 @@ class ArchiveWriter:
                           "it is committed", exc)
                 segment = None
             self._submitted += 1
-            self._queue.append(_Queued(self._submitted, segment, payload))
+            self._queue.append(_Queued(self._submitted, segment, payload, item))
             self._queued_bytes += len(payload)
             self._cond.notify_all()
 
@@ -224,7 +229,7 @@ class ArchiveWriter:
                     size += len(entry.payload)
             kept = False
             try:
-                self._commit([entry.payload for entry in batch])
+                self._commit([entry.payload for entry in batch], [entry.item for entry in batch])
             except Exception:  # a bug in the writer itself: leave the items in the spool
                 log.exception("archive: writer failed on a batch of %d; it stays in the spool", len(batch))
                 kept = True
@@ -254,12 +259,15 @@ class ArchiveWriter:
         if total:
             log.warning("archive: wrote %d records an earlier run left in the spool", total)
 
-    def _commit(self, payloads: list[bytes]) -> None:
+    def _commit(self, payloads: list[bytes], known: list[ExchangeRecord | None] | None = None) -> None:
         """Write items in one transaction; on a permanent error, one by one: an item that cannot be
         written is set aside in a `rejected-*.log` spool file (retried at the next start). A busy or
         locked database is waited out, in order, however long it takes (see _transaction)."""
-        items = []
-        for payload in payloads:
+        items: list[tuple[bytes, ExchangeRecord | TableRow]] = []
+        for payload, submitted in zip(payloads, known or [None] * len(payloads), strict=True):
+            if submitted is not None:
+                items.append((payload, submitted))
+                continue
             try:
                 items.append((payload, decode_item(payload)))
             except Exception as exc:
