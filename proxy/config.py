@@ -39,6 +39,8 @@ class UpstreamConfig(_Strict):
     # stays as the process's memory high-water mark (measured: +5 MB at 1 MiB, +108 MB at 32 MiB).
     max_response_bytes: int = Field(4 * 1024 * 1024, gt=0)
     max_connections: int = Field(100, gt=0)
+    # 0: a new connection per call. Else idle connections are kept (5 s) for reuse, up to max_connections:
+    # the client (aiohttp) has no separate cap, so any other value means "keep alive".
     max_keepalive_connections: int = Field(20, ge=0)
     # Cookie, X-Forwarded-*, Forwarded and X-Real-IP are not sent upstream unless named here.
     forward_headers: list[str] = []

@@ -61,12 +61,14 @@ class Upstream:
                                              sock_connect=config.connect_timeout_s,
                                              sock_read=config.timeout_s)
         self.max_connections = config.max_connections
+        self.keep_alive = config.max_keepalive_connections > 0
         self._session: aiohttp.ClientSession | None = None  # made on the event loop, at the first call
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0,
-                                             keepalive_timeout=5.0)  # (httpx's default keep-alive)
+                                             force_close=not self.keep_alive,
+                                             keepalive_timeout=5.0 if self.keep_alive else None)
             # Bodies are relayed as they come: never decompressed here (content-encoding goes along).
             self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout,
                                                   auto_decompress=False, trust_env=False)

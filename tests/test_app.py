@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -80,6 +81,17 @@ def test_upstream_timeouts_follow_the_config():
 
     upstream = Upstream(UpstreamConfig(timeout_s=321), None)
     assert upstream.timeout.sock_read == 321 and upstream.timeout.sock_connect == 10
+
+    async def pools() -> tuple[bool, bool]:
+        reusing = Upstream(UpstreamConfig(), None)
+        closing = Upstream(UpstreamConfig(max_keepalive_connections=0), None)
+        try:
+            return reusing.session().connector.force_close, closing.session().connector.force_close
+        finally:
+            await reusing.aclose()
+            await closing.aclose()
+
+    assert asyncio.run(pools()) == (False, True)  # max_keepalive_connections: 0 is a connection per call
 
 
 def test_unchanged_request_reaches_upstream_byte_for_byte(proxy, fake_upstream):
