@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 
 import httpx
+import orjson
 
 # What the last bytes of a complete stream hold, by format (chat, Messages, Responses).
 STREAM_ENDS = (b"[DONE]", b"event: message_stop", b"event: response.completed")
@@ -167,3 +168,32 @@ async def throughput(target: Target, headers: dict[str, str], body: bytes, total
                          percentile(latencies, 50), percentile(latencies, 99), errors)
 
 
+
+
+async def session_load(url: str, headers: dict[str, str], sessions: int, turns: int,
+                       concurrency: int) -> tuple[int, int]:
+    """`sessions` conversations of `turns` turns each, every turn resending the whole history under its
+    own x-ctxproxy-session (as agents do), `concurrency` conversations at a time: (requests, errors)."""
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    gate = asyncio.Semaphore(concurrency)
+    sent = errors = 0
+    async with httpx.AsyncClient(headers=headers, limits=limits, timeout=60.0) as client:
+        async def conversation(number: int) -> None:
+            nonlocal sent, errors
+            messages: list[dict[str, str]] = [{"role": "system", "content": "You are a helpful agent."}]
+            async with gate:
+                for turn in range(turns):
+                    messages.append({"role": "user", "content": f"Session {number}, turn {turn}: what next? "
+                                     + "Some context about the task at hand. " * 4})
+                    body = orjson.dumps({"model": "gpt-4o", "messages": messages})
+                    try:
+                        response = await client.post(url, content=body,
+                                                     headers={"x-ctxproxy-session": f"load-{number}"})
+                        ok = response.status_code == 200
+                    except httpx.HTTPError:
+                        ok = False
+                    sent, errors = sent + 1, errors + (not ok)
+                    messages.append({"role": "assistant", "content": f"Done step {turn}; next."})
+
+        await asyncio.gather(*(conversation(n) for n in range(sessions)))
+    return sent, errors

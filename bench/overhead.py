@@ -23,6 +23,7 @@ import signal
 import sqlite3
 import sys
 import tempfile
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,16 @@ from typing import Any
 import httpx
 import orjson
 from fake_upstream import ANSWERS
-from measure import LatencyRow, Target, ThroughputRow, latency_rows, measure_latency, send_ms, throughput
+from measure import (
+    LatencyRow,
+    Target,
+    ThroughputRow,
+    latency_rows,
+    measure_latency,
+    send_ms,
+    session_load,
+    throughput,
+)
 from payloads import big_history, chat_body
 from procstat import first_answer, rss_mb, settled_cpu_seconds
 from ratios import cpu_ratios, latency_ratios
@@ -215,8 +225,9 @@ def run(args: argparse.Namespace, workdir: Path, started: list[Service]) -> dict
         rows: list[ThroughputRow] = []
         cpu: list[dict[str, Any]] = []
         servers = {"direct": fake, "ctxproxy default": ctx, "bare forwarder": bare}
-        for concurrency in dict.fromkeys((1, args.concurrency)):
-            for target in [t for t in targets if t.name in servers or concurrency == args.concurrency]:
+        levels = [int(n) for n in args.concurrency.split(",")]
+        for concurrency in dict.fromkeys((1, *levels)):
+            for target in [t for t in targets if t.name in servers or concurrency == levels[0]]:
                 if target.name == "ctxproxy passthrough":
                     continue
                 print(f"... throughput: {target.name}, concurrency {concurrency}", file=sys.stderr)
@@ -232,10 +243,12 @@ def run(args: argparse.Namespace, workdir: Path, started: list[Service]) -> dict
                 sent += requests if target.name.startswith("ctxproxy") else 0
                 rows.append(row)
         added_mean, added_by_route = ctxproxy_self_report(client, ctx.base)
+    long_run = _long_run(args, ctx, bare, headers)
+    sent += long_run["ctxproxy"]["requests"]
     return {
         "mode": "quick" if quick else "full", "ctxproxy_src": str(args.src or "installed package"),
         "python": platform.python_version(), "cpus": _cpus(),
-        "concurrency": args.concurrency, "latency": [asdict(r) for r in latency],
+        "concurrency": args.concurrency, "long_run": long_run, "latency": [asdict(r) for r in latency],
         "throughput": [asdict(r) for r in rows], "big_bytes": len(payloads["history_500KB"][0]),
         "big_messages": len(history), "ctxproxy_added_mean_ms": added_mean,
         "ctxproxy_added_mean_ms_by_route": added_by_route, "route_gap": route_gap(latency),
@@ -246,6 +259,21 @@ def run(args: argparse.Namespace, workdir: Path, started: list[Service]) -> dict
         "ctxproxy_requests": sent,
         "archive": archive_summary(ctx), "litellm": litellm_status,
     }
+
+
+def _long_run(args: argparse.Namespace, ctx: Service, bare: Service,
+              headers: dict[str, str]) -> dict[str, Any]:
+    """RSS after many sessions: `--long-run S,T` sessions of T turns each (the history resent every turn),
+    16 sessions at a time, through ctxproxy and through the floor."""
+    sessions, turns = (int(n) for n in args.long_run.split(","))
+    found: dict[str, Any] = {"sessions": sessions, "turns": turns}
+    for name, service in (("ctxproxy", ctx), ("bare forwarder", bare)):
+        print(f"... long run: {name}, {sessions} sessions x {turns} turns", file=sys.stderr)
+        started = time.perf_counter()
+        requests, errors = asyncio.run(session_load(service.base + CHAT, headers, sessions, turns, 16))
+        found[name] = {"requests": requests, "errors": errors, "seconds": time.perf_counter() - started,
+                       "rss_mb": rss_mb(service.proc.pid)}
+    return found
 
 
 def _startup(service: Service, url: str, body: bytes, headers: dict[str, str]) -> dict[str, float | None]:
@@ -266,10 +294,15 @@ def main() -> int:
     parser.add_argument("--no-litellm", action="store_true", help="do not start LiteLLM's proxy")
     parser.add_argument("--src", type=Path, help="run ctxproxy from this folder's proxy/ package (e.g. a "
                         "`git archive` snapshot) instead of the installed editable checkout")
-    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--concurrency", default="16,64", help="throughput levels beside 1 (comma-separated; "
+                        "LiteLLM and passthrough only at the first)")
+    parser.add_argument("--long-run", default="100,200", help="SESSIONS,TURNS for the RSS after a long run "
+                        "(--quick: 10,20)")
     parser.add_argument("--requests", type=int, default=0, help="throughput requests per target")
     parser.add_argument("--time-limit", type=float, default=120.0, help="throughput seconds per target (cap)")
     args = parser.parse_args()
+    if args.quick and args.long_run == "100,200":
+        args.long_run = "10,20"
     started: list[Service] = []
     with tempfile.TemporaryDirectory(prefix="ctxproxy-bench-") as tmp:
         try:

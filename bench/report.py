@@ -105,3 +105,11 @@ def print_floor(result: dict[str, Any]) -> None:
         print("\nStart-up: process start to the first answered request; VmRSS right after it:\n")
         print(table(["server", "cold start s", "RSS at start MB"],
                     [[name, sig3(v["cold_start_s"]), sig3(v["rss_mb"])] for name, v in startup.items()]))
+    long_run = result.get("long_run") or {}
+    if long_run:
+        print(f"\nAfter a long run: {long_run['sessions']} sessions of {long_run['turns']} turns, the "
+              "history resent every turn, 16 sessions at a time; VmRSS after it:\n")
+        servers = [name for name in long_run if isinstance(long_run[name], dict)]
+        print(table(["server", "requests", "errors", "seconds", "RSS MB"],
+                    [[name, str(long_run[name]["requests"]), str(long_run[name]["errors"]),
+                      sig3(long_run[name]["seconds"]), sig3(long_run[name]["rss_mb"])] for name in servers]))
