@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import AsyncIterable, Awaitable, Mapping
 from typing import TypeVar
 
@@ -62,6 +64,7 @@ class Upstream:
                                              sock_read=config.timeout_s)
         self.max_connections = config.max_connections
         self.keep_alive = config.max_keepalive_connections > 0
+        self.proxy = env_proxy(self.base_url)
         self._session: aiohttp.ClientSession | None = None  # made on the event loop, at the first call
 
     def session(self) -> aiohttp.ClientSession:
@@ -70,8 +73,11 @@ class Upstream:
                                              force_close=not self.keep_alive,
                                              keepalive_timeout=5.0 if self.keep_alive else None)
             # Bodies are relayed as they come: never decompressed here (content-encoding goes along).
+            # No cookie jar: a cookie one tenant's answer set must never ride along with another's call.
+            # (trust_env stays off: it would look up ~/.netrc and the proxy in a thread on every call.)
             self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout,
-                                                  auto_decompress=False, trust_env=False)
+                                                  auto_decompress=False, trust_env=False,
+                                                  cookie_jar=aiohttp.DummyCookieJar())
         return self._session
 
     async def aclose(self) -> None:
@@ -107,7 +113,7 @@ class Upstream:
         sent_at = time.perf_counter()
         try:
             raw = await self.session().request(method, url, headers=headers, data=content,
-                                               allow_redirects=False)
+                                               allow_redirects=False, proxy=self.proxy)
         except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
             raise UpstreamTimeout(f"upstream {self.base_url} timed out ({type(exc).__name__})") from None
         except (aiohttp.ClientError, OSError) as exc:
@@ -127,6 +133,16 @@ class Upstream:
             raise UpstreamUnreachable(f"upstream {base_url} broke off its response: {exc}") from None
         finally:
             await response.aclose()
+
+
+def env_proxy(base_url: str) -> str | None:
+    """The proxy HTTPS_PROXY / HTTP_PROXY (or ALL_PROXY) name for this upstream unless NO_PROXY exempts its
+    host, read once at start (as httpx did on every call)."""
+    url = urllib.parse.urlsplit(base_url)
+    if not url.hostname or urllib.request.proxy_bypass(url.hostname):
+        return None
+    proxies = urllib.request.getproxies()
+    return proxies.get(url.scheme) or proxies.get("all")
 
 
 def response_headers(upstream_headers: Headers, *, keep_length: bool) -> dict[str, str]:

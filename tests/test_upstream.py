@@ -1,0 +1,52 @@
+"""The upstream leg (proxy/upstream.py): what goes to the provider besides the body."""
+
+from __future__ import annotations
+
+import httpx
+
+from proxy.upstream import env_proxy
+from tests.servers import Step
+
+BODY = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_a_cookie_the_upstream_sets_never_rides_along_with_a_later_call(make_proxy, upstream_server,
+                                                                      fake_upstream):
+    # By name: a cookie jar keeps no cookies of a bare IP address, so 127.0.0.1 would prove nothing.
+    port = upstream_server[1].url.rsplit(":", 1)[1]
+    proxy = make_proxy({"upstream": {"base_url": f"http://localhost:{port}/v1"}})
+    fake_upstream.then(Step(content="hello", headers={"set-cookie": "__cf_bm=tenant-a; Path=/; HttpOnly"}))
+    with httpx.Client(base_url=proxy.url, timeout=30) as client:
+        for key in ("sk-tenant-a", "sk-tenant-b"):
+            auth = {"authorization": f"Bearer {key}"}
+            answer = client.post("/v1/chat/completions", json=BODY, headers=auth)
+            assert answer.status_code == 200
+    assert "cookie" not in {name.lower() for name in fake_upstream.chat_requests[-1].headers}
+
+
+def test_the_proxy_environment_is_read_for_the_upstream_host(monkeypatch):
+    for name in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY", "https_proxy", "http_proxy",
+                 "all_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    assert env_proxy("https://api.openai.com/v1") is None
+    monkeypatch.setenv("HTTPS_PROXY", "http://corp-proxy:3128")
+    monkeypatch.setenv("HTTP_PROXY", "http://plain-proxy:8080")
+    assert env_proxy("https://api.openai.com/v1") == "http://corp-proxy:3128"
+    assert env_proxy("http://vllm.internal:8000/v1") == "http://plain-proxy:8080"
+    monkeypatch.setenv("NO_PROXY", "vllm.internal,localhost")
+    assert env_proxy("http://vllm.internal:8000/v1") is None
+    assert env_proxy("https://api.openai.com/v1") == "http://corp-proxy:3128"
+
+
+def test_calls_go_through_the_proxy_the_environment_names(make_proxy, upstream_server, fake_upstream,
+                                                          monkeypatch):
+    """HTTP_PROXY names the scripted upstream; the configured host does not even resolve: the call can
+    only arrive through the proxy (an absolute-form request line to it)."""
+    for name in ("NO_PROXY", "no_proxy", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", upstream_server[1].url)
+    proxy = make_proxy({"upstream": {"base_url": "http://upstream.invalid/v1"}})
+    with httpx.Client(trust_env=False, timeout=30) as client:  # (the test's own client goes direct)
+        response = client.post(f"{proxy.url}/v1/chat/completions", json=BODY)
+    assert response.status_code == 200 and response.headers["x-ctxproxy-gate"] == "pass"
+    assert fake_upstream.chat_requests[-1].headers.get("host") == "upstream.invalid"
