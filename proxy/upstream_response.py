@@ -110,7 +110,10 @@ class UpstreamResponse:
         if self._closed_at is not None:
             return
         self._closed_at = time.perf_counter()
-        self._raw.release()
+        if self._raw.content.at_eof():
+            self._raw.release()
+        else:  # left mid-body (a client gone, a cap): that connection cannot carry another call
+            self._raw.close()
         for callback in self._on_close:
             callback()
 

@@ -261,6 +261,10 @@ def test_disconnect_mid_stream_cancels_upstream(proxy, fake_upstream):
         received += sock.recv(65536)
     sock.close()
     assert fake_upstream.saw_disconnect.wait(10)
+    # The connection left mid-body is not reused: the next call gets its own answer, whole.
+    after = httpx.post(f"{proxy.url}/v1/chat/completions", timeout=30,
+                       json={"model": "gpt-4o", "messages": [{"role": "user", "content": "next"}]})
+    assert after.status_code == 200 and after.json()["object"] == "chat.completion"
 
 
 def test_healthz_and_metrics(proxy, fake_upstream):
