@@ -5,6 +5,9 @@ bench/overhead.py.)"""
 from __future__ import annotations
 
 import asyncio
+import functools
+import os
+import ssl
 import time
 import urllib.parse
 import urllib.request
@@ -69,7 +72,7 @@ class Upstream:
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0,
+            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ssl=tls_context(),
                                              force_close=not self.keep_alive,
                                              keepalive_timeout=5.0 if self.keep_alive else None)
             # Bodies are relayed as they come: never decompressed here (content-encoding goes along).
@@ -133,6 +136,19 @@ class Upstream:
             raise UpstreamUnreachable(f"upstream {base_url} broke off its response: {exc}") from None
         finally:
             await response.aclose()
+
+
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """The CAs a provider's certificate is checked against: SSL_CERT_FILE or SSL_CERT_DIR when set, else
+    certifi's bundle — the trust store httpx used, so a machine without system CAs still verifies."""
+    if os.environ.get("SSL_CERT_FILE"):
+        return ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+    if os.environ.get("SSL_CERT_DIR"):
+        return ssl.create_default_context(capath=os.environ["SSL_CERT_DIR"])
+    import certifi
+
+    return ssl.create_default_context(cafile=certifi.where())
 
 
 def env_proxy(base_url: str) -> str | None:

@@ -37,7 +37,8 @@ from tests.responses_upstream import message_item, response, response_stream
 class ServerThread:
     """Run an ASGI app with uvicorn on 127.0.0.1:<free port> in a background thread."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, *, certfile: str | None = None, keyfile: str | None = None) -> None:
+        self.scheme = "https" if certfile else "http"
         # With the protocol given, asyncio sets TCP_NODELAY (else ~40 ms of delayed ACK per request).
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -46,13 +47,14 @@ class ServerThread:
         # A long keep-alive: a loaded test machine can leave a pooled connection idle past uvicorn's 5 s,
         # and a request sent as the server closes it fails with a ReadError that is no test's subject.
         config = uvicorn.Config(app, log_level="warning", lifespan="on", loop="asyncio", http="httptools",
-                                timeout_graceful_shutdown=5, timeout_keep_alive=120)
+                                timeout_graceful_shutdown=5, timeout_keep_alive=120,
+                                ssl_certfile=certfile, ssl_keyfile=keyfile)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def __enter__(self) -> ServerThread:
         self.thread.start()

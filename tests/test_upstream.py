@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-import httpx
+import datetime
+import ipaddress
 
-from proxy.upstream import env_proxy
-from tests.servers import Step
+import httpx
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from proxy.upstream import env_proxy, tls_context
+from tests.servers import FakeUpstream, ServerThread, Step
 
 BODY = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -50,3 +58,44 @@ def test_calls_go_through_the_proxy_the_environment_names(make_proxy, upstream_s
         response = client.post(f"{proxy.url}/v1/chat/completions", json=BODY)
     assert response.status_code == 200 and response.headers["x-ctxproxy-gate"] == "pass"
     assert fake_upstream.chat_requests[-1].headers.get("host") == "upstream.invalid"
+
+
+def self_signed(folder) -> tuple[str, str]:
+    """A certificate for 127.0.0.1 that no CA signed, and its key."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ctxproxy test upstream")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = folder / "upstream.pem", folder / "upstream.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return str(cert_path), str(key_path)
+
+
+@pytest.fixture
+def fresh_trust_store():
+    tls_context.cache_clear()
+    yield
+    tls_context.cache_clear()
+
+
+def test_the_provider_certificate_is_verified(make_proxy, tmp_path, monkeypatch, fresh_trust_store):
+    cert, key = self_signed(tmp_path)
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    with ServerThread(FakeUpstream().app, certfile=cert, keyfile=key) as tls:
+        config = {"upstream": {"base_url": f"{tls.url}/v1"}}
+        refused = httpx.post(f"{make_proxy(config).url}/v1/chat/completions", json=BODY, timeout=30)
+        assert refused.status_code == 502
+        assert "CERTIFICATE_VERIFY_FAILED" in refused.json()["error"]["message"]
+        monkeypatch.setenv("SSL_CERT_FILE", cert)  # the operator trusts it (a corporate CA, a local server)
+        tls_context.cache_clear()
+        second = make_proxy(config | {"data_dir": str(tmp_path / "second")})
+        trusted = httpx.post(f"{second.url}/v1/chat/completions", json=BODY, timeout=30)
+        assert trusted.status_code == 200 and trusted.json()["object"] == "chat.completion"
