@@ -243,8 +243,7 @@ def run(args: argparse.Namespace, workdir: Path, started: list[Service]) -> dict
                 sent += requests if target.name.startswith("ctxproxy") else 0
                 rows.append(row)
         added_mean, added_by_route = ctxproxy_self_report(client, ctx.base)
-    long_run = _long_run(args, ctx, bare, headers)
-    sent += long_run["ctxproxy"]["requests"]
+    long_run = _long_run(args, workdir, fake, headers, started)
     return {
         "mode": "quick" if quick else "full", "ctxproxy_src": str(args.src or "installed package"),
         "python": platform.python_version(), "cpus": _cpus(),
@@ -261,18 +260,23 @@ def run(args: argparse.Namespace, workdir: Path, started: list[Service]) -> dict
     }
 
 
-def _long_run(args: argparse.Namespace, ctx: Service, bare: Service,
-              headers: dict[str, str]) -> dict[str, Any]:
+def _long_run(args: argparse.Namespace, workdir: Path, fake: Service, headers: dict[str, str],
+              started: list[Service]) -> dict[str, Any]:
     """RSS after many sessions: `--long-run S,T` sessions of T turns each (the history resent every turn),
-    16 sessions at a time, through ctxproxy and through the floor."""
+    16 sessions at a time, through a fresh ctxproxy and a fresh floor (nothing else ran in them before)."""
     sessions, turns = (int(n) for n in args.long_run.split(","))
     found: dict[str, Any] = {"sessions": sessions, "turns": turns}
-    for name, service in (("ctxproxy", ctx), ("bare forwarder", bare)):
+    for name in ("ctxproxy", "bare forwarder"):
+        service = start_ctxproxy(workdir, fake.base, args.src, name="ctxproxy-long") if name == "ctxproxy" \
+            else start_bare(workdir, fake.base)
+        started.append(service)
+        at_start = rss_mb(service.proc.pid)
         print(f"... long run: {name}, {sessions} sessions x {turns} turns", file=sys.stderr)
-        started = time.perf_counter()
+        began = time.perf_counter()
         requests, errors = asyncio.run(session_load(service.base + CHAT, headers, sessions, turns, 16))
-        found[name] = {"requests": requests, "errors": errors, "seconds": time.perf_counter() - started,
-                       "rss_mb": rss_mb(service.proc.pid)}
+        found[name] = {"requests": requests, "errors": errors, "seconds": time.perf_counter() - began,
+                       "rss_start_mb": at_start, "rss_mb": rss_mb(service.proc.pid)}
+        service.stop(signal.SIGINT if name == "ctxproxy" else signal.SIGTERM)
     return found
 
 

@@ -107,9 +107,11 @@ def print_floor(result: dict[str, Any]) -> None:
                     [[name, sig3(v["cold_start_s"]), sig3(v["rss_mb"])] for name, v in startup.items()]))
     long_run = result.get("long_run") or {}
     if long_run:
-        print(f"\nAfter a long run: {long_run['sessions']} sessions of {long_run['turns']} turns, the "
-              "history resent every turn, 16 sessions at a time; VmRSS after it:\n")
+        print(f"\nA long run, each in a fresh process: {long_run['sessions']} sessions of "
+              f"{long_run['turns']} turns, the history resent every turn, 16 sessions at a time; VmRSS "
+              "before and after:\n")
         servers = [name for name in long_run if isinstance(long_run[name], dict)]
-        print(table(["server", "requests", "errors", "seconds", "RSS MB"],
+        print(table(["server", "requests", "errors", "seconds", "RSS at start MB", "RSS after MB"],
                     [[name, str(long_run[name]["requests"]), str(long_run[name]["errors"]),
-                      sig3(long_run[name]["seconds"]), sig3(long_run[name]["rss_mb"])] for name in servers]))
+                      sig3(long_run[name]["seconds"]), sig3(long_run[name].get("rss_start_mb")),
+                      sig3(long_run[name]["rss_mb"])] for name in servers]))
