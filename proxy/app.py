@@ -246,13 +246,6 @@ def exchange_record(wire: WireFormat, decoded: Decoded, policy: LoadedPolicy, se
         params=request_params(decoded.params or decoded.body), **fields)
 
 
-def same_messages(these: list[dict[str, Any]], those: list[dict[str, Any]]) -> bool:
-    """The same message objects in the same order (no walk over their contents)."""
-    if these is those:
-        return True
-    return len(these) == len(those) and all(a is b for a, b in zip(these, those, strict=True))
-
-
 def rounds_context(state: ProxyState, request: Request, wire: WireFormat, decoded: Decoded,
                    outcome: pipeline.Outcome, context: pipeline.PipelineContext, headers: dict[str, str],
                    content: bytes) -> rounds.RoundsContext:
@@ -264,9 +257,9 @@ def rounds_context(state: ProxyState, request: Request, wire: WireFormat, decode
         # (a round's snapshot of the messages is a copy: the same message objects are the same messages)
         return exchange_record(
             wire, decoded, context.policy, context.session, context.tenant,
-            forwarded_messages=None if same_messages(forwarded, decoded.messages) else forwarded,
+            forwarded_messages=None if rounds.same_messages(forwarded, decoded.messages) else forwarded,
             tokens_before=outcome.tokens_before, gate=outcome.gate,
-            tokens_after=outcome.tokens_after if same_messages(forwarded, outcome.messages)
+            tokens_after=outcome.tokens_after if rounds.same_messages(forwarded, outcome.messages)
             else tokens.request(forwarded, outcome.tools, model))
 
     return rounds.RoundsContext(

@@ -142,6 +142,13 @@ def add_usage(total: dict[str, Any] | None, usage: Any) -> dict[str, Any] | None
     return total
 
 
+def same_messages(these: list[dict[str, Any]], those: list[dict[str, Any]]) -> bool:
+    """The same message objects in the same order (no walk over their contents)."""
+    if these is those:
+        return True
+    return len(these) == len(those) and all(a is b for a, b in zip(these, those, strict=True))
+
+
 def new_round(rc: RoundsContext, conversation: Conversation) -> ExchangeRecord:
     record = rc.new_record(list(conversation.forwarded), None)  # a snapshot: later rounds append
     rc.records.append(record)
