@@ -58,11 +58,6 @@ def error_event(message: str, code: str, kind: str = "upstream_error") -> bytes:
     return b"data: " + orjson.dumps(error_object(message, code, kind)) + b"\n\n"
 
 
-def elapsed_ms(response: UpstreamResponse) -> float:
-    """Milliseconds from sending the request to the end (close) of its response."""
-    return response.elapsed_ms
-
-
 # A non-streamed answer: the response, its body (or first bytes), and the rest when it is over the cap.
 Answer = tuple[UpstreamResponse, bytes, AsyncIterator[bytes] | None]
 
@@ -110,7 +105,7 @@ async def close_timed(response: UpstreamResponse, record: ExchangeRecord) -> Non
     long the upstream took, to the end of its body."""
     with anyio.CancelScope(shield=True):
         await response.aclose()
-    record.upstream_ms = elapsed_ms(response)
+    record.upstream_ms = response.elapsed_ms  # from sending the request to this close
 
 
 def is_event_stream(response: UpstreamResponse) -> bool:

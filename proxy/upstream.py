@@ -117,7 +117,7 @@ class Upstream:
         try:
             raw = await self.session().request(method, url, headers=headers, data=content,
                                                allow_redirects=False, proxy=self.proxy)
-        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+        except TimeoutError as exc:  # (aiohttp's socket and connection timeouts are TimeoutErrors)
             raise UpstreamTimeout(f"upstream {self.base_url} timed out ({type(exc).__name__})") from None
         except (aiohttp.ClientError, OSError) as exc:
             # (closed before answering: "peer closed connection...", as for a body cut short)

@@ -7,7 +7,6 @@ ReadTimeout): what a broken answer is called does not depend on the HTTP library
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
@@ -42,7 +41,7 @@ def transport_error(exc: BaseException, read_timeout_s: float | None) -> Transpo
     """Our error for what aiohttp raised while reading a body; None for anything else (a bug, a cancel)."""
     if isinstance(exc, TransportError):
         return exc
-    if isinstance(exc, aiohttp.ServerTimeoutError | asyncio.TimeoutError):
+    if isinstance(exc, TimeoutError):  # (aiohttp's socket and connection timeouts are TimeoutErrors)
         return ReadTimeout(str(exc) or "no data from the upstream", read_timeout_s)
     if isinstance(exc, aiohttp.ClientPayloadError):
         cause = exc.__cause__ or exc.__context__
