@@ -50,7 +50,7 @@ from proxy.store.storage import ArchiveQueries, Storage, open_storage
 from proxy.tokens import TokenCounter, model_window
 from proxy.ui import routes as ui_routes
 from proxy.upstream import ClientDisconnected, Upstream, response_headers, unless_disconnected
-from proxy.wire import Decoded, WireFormat
+from proxy.wire import Decoded, WireFormat, resent
 from proxy.wire.chat import CHAT
 from proxy.wire.messages_format import MESSAGES
 from proxy.wire.responses_format import RESPONSES
@@ -336,6 +336,7 @@ def upstreams(config: Config) -> dict[str, Upstream]:
 def build_app(config: Config) -> Starlette:
     """Create the ASGI app (tests put a scripted upstream on a loopback socket behind upstream.base_url)."""
     policies = PolicyStore(config.policies_dir)
+    resent.BODIES.limit_bytes = config.server.resent_cache_bytes
     problems = policies.check_all()
     if problems:
         raise CtxProxyError("invalid policies:\n" + "\n".join(problems))

@@ -22,6 +22,8 @@ class ServerConfig(_Strict):
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
     body_timeout_s: float = Field(60.0, gt=0)  # a client that stops sending its body gets a 408
     state_cache_bytes: int = Field(64 * 1024 * 1024, gt=0)  # in-process session state; the archive has all
+    # Recent large request bodies, so a resent history is parsed only past what is new (0: off).
+    resent_cache_bytes: int = Field(64 * 1024 * 1024, ge=0)
     log_level: str = "info"
     log_format: Literal["text", "json"] = "text"  # json: one object a line, for log collectors
 

@@ -90,9 +90,21 @@ class PipelineContext:
 @telemetry.traced("ctxproxy.pipeline", telemetry.outcome_attributes)  # spans: no-op without telemetry
 def run(conversation: Conversation, context: PipelineContext) -> Outcome:
     """Rewrite one request. Runs in a worker thread; one request of a session at a time."""
-    with context.store.session(context.tenant, context.session.id, wait=context.wait) as state, \
-            context.tokens.request_scope():
-        return _run(conversation, context, state)
+    with context.store.session(context.tenant, context.session.id, wait=context.wait) as state:
+        with context.tokens.request_scope(state.counted):
+            outcome = _run(conversation, context, state)
+        forget_counts(state, conversation.messages)
+        return outcome
+
+
+def forget_counts(state: SessionState, messages: list[dict[str, Any]]) -> None:
+    """Keep what is carried from request to request (token counts, rewritten copies) to the client's
+    messages and their copies once other objects (blocks, an edited history) outnumber them."""
+    if len(state.counted) > 3 * len(messages) + 256 or len(state.rewrites) > len(messages) + 256:
+        keep = {id(m) for m in messages}
+        state.rewrites = {k: v for k, v in state.rewrites.items() if k in keep}
+        keep.update(id(copy) for _, copy in state.rewrites.values())
+        state.counted = {k: v for k, v in state.counted.items() if k[0] in keep}
 
 
 def _run(conversation: Conversation, context: PipelineContext, state: SessionState) -> Outcome:

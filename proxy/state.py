@@ -79,6 +79,12 @@ class SessionState:
     folded: FoldedMemory = field(default_factory=FoldedMemory)
     # Internal calls taken out of turns that also called client tools, put back in later histories.
     splices: dict[tuple[Any, ...], Splice] = field(default_factory=dict)
+    # Token counts by message object, carried from request to request (see TokenCounter.request_scope).
+    counted: dict[tuple[int, str], tuple[dict[str, Any], int]] = field(default_factory=dict, repr=False,
+                                                                       compare=False)
+    # Rewritten copies of messages (summaries, placeholders) by the message, for the same reason.
+    rewrites: dict[int, tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=dict, repr=False,
+                                                                        compare=False)
     # Requests of one session are rewritten one at a time (the pipeline runs in worker threads).
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     size: int = _SESSION_OVERHEAD  # approximate bytes held, for the store's byte budget

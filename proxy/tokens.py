@@ -103,11 +103,13 @@ class TokenCounter:
         self._scope = threading.local()  # within one request: counts by message identity
 
     @contextmanager
-    def request_scope(self) -> Iterator[None]:
+    def request_scope(self, carried: Scoped | None = None) -> Iterator[None]:
         """Within it, this thread counts each message object once: a request's layers walk the same
-        history several times, and even a memo hit builds a key over every message."""
+        history several times, and even a memo hit builds a key over every message. `carried` is the
+        scope of the session's previous request: a resent history is the same objects (wire/resent.py),
+        so its messages are not counted again either."""
         outer = getattr(self._scope, "counts", None)
-        self._scope.counts = outer if outer is not None else {}
+        self._scope.counts = outer if outer is not None else carried if carried is not None else {}
         try:
             yield
         finally:

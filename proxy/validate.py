@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 import orjson
 
 from proxy.errors import BadRequest
+from proxy.wire.resent import BODIES, remember_checked
 
 MAX_DEPTH = 128  # containers, the body itself being level 1 (orjson.dumps refuses level 255)
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -27,11 +28,14 @@ _TYPE_NAMES = {dict: "an object", list: "an array", str: "a string", int: "an in
 
 
 def parse_chat_request(raw: bytes) -> dict[str, Any]:
-    """The request body as a dict whose messages/tools have the shapes the proxy relies on, or BadRequest."""
-    body = loads(raw)
+    """The request body as a dict whose messages/tools have the shapes the proxy relies on, or BadRequest.
+    A resent history is parsed and checked only past the messages an earlier body had (resent.py)."""
+    resent = BODIES.parse(raw, "messages")
+    body, known = (resent.body, resent.reused) if resent is not None else (loads(raw), 0)
     if type(body) is not dict:
         raise BadRequest("request body must be a JSON object", code="invalid_json")
-    validate_chat_request(body)
+    validate_chat_request(body, start=known)
+    remember_checked(raw, "messages", body, resent)
     return body
 
 
@@ -154,14 +158,15 @@ def _check_depth(value: Any, level: int, param: str) -> None:
         _fail(param, f"'{param}' is nested more than {MAX_DEPTH} levels deep", code="nesting_too_deep")
 
 
-def validate_chat_request(body: dict[str, Any]) -> None:
-    """Raise BadRequest (param = the exact field) for the first shape the proxy cannot work with."""
+def validate_chat_request(body: dict[str, Any], start: int = 0) -> None:
+    """Raise BadRequest (param = the exact field) for the first shape the proxy cannot work with.
+    Messages before `start` passed these checks in an earlier request (the same bytes)."""
     messages = body.get("messages")
     if type(messages) is not list or not messages:
         raise BadRequest("'messages' is required and must be a non-empty array", param="messages",
                          code="missing_messages")
-    for index, message in enumerate(messages):
-        _check_message(message, index)
+    for index in range(start, len(messages)):
+        _check_message(messages[index], index)
     for key, value in body.items():
         if key == "messages":
             continue

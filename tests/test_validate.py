@@ -217,3 +217,21 @@ def test_validation_costs_well_under_a_millisecond_per_100_messages():
         validate_best = min(validate_best, (done - parsed) - (parsed - started))
     per_100 = validate_best / (len(messages) / 100)
     assert per_100 < 0.0005, f"{per_100 * 1e6:.0f} us per 100 messages beyond the parse"
+
+
+def test_a_resent_history_is_checked_past_what_was_checked_before():
+    """A large body is parsed past the messages an earlier body had (wire/resent.py): a mistake in a new
+    message, or in an earlier one the client changed, is still a 400 naming it; a lone surrogate or a
+    huge integer in the new part still takes the full parser's path."""
+    big = {"role": "user", "content": "x" * 70_000}
+    first = _body(big, {"role": "assistant", "content": "ok"})
+    assert parse_chat_request(orjson.dumps(first)) == first
+    assert _error(_body(big, {"role": "assistant", "content": "ok"}, {"role": 5})).param == "messages[2].role"
+    assert _error(_body(big, {"role": "assistant", "content": 7})).param == "messages[1].content"
+    grown = _body(big, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"})
+    assert parse_chat_request(orjson.dumps(grown)) == grown
+    raw = orjson.dumps(grown)[:-len(b"]}")] + b',{"role":"user","content":"\\ud800"}]}'
+    assert _error(raw).param == "messages[3].content"
+    huge = orjson.dumps(grown)[:-len(b"]}")] \
+        + b',{"role":"user","content":"n","n":123456789012345678901234}]}'
+    assert parse_chat_request(huge)["messages"][3]["n"] == 123456789012345678901234.0

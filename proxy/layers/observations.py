@@ -22,6 +22,7 @@ DEFAULT_PATTERNS = (
 )
 HANDLE_PREFIX = "obs-"
 CHARS_PER_TOKEN = 4
+MEMO_ENTRIES = 65536  # remembered classifications and handles (a 64-bit hash collision is negligible)
 
 
 class Observations:
@@ -32,9 +33,19 @@ class Observations:
         # A user message after the task over this many tokens is output, not typing (by characters:
         # ~4 a token, so the test is cheap enough to run on every message of every request).
         self.size_chars = size_tokens * CHARS_PER_TOKEN if size_tokens is not None else None
+        self._matched: dict[tuple[int, int], bool] = {}
 
     def matches(self, text: str) -> bool:
-        return any(p.search(text) for p in self._patterns)
+        # Remembered by the text's hash: a resent history's strings are the same objects request after
+        # request (wire/resent.py), whose hash Python keeps, so this is a lookup instead of a search.
+        key = (len(text), hash(text))
+        found = self._matched.get(key)
+        if found is None:
+            found = any(p.search(text) for p in self._patterns)
+            if len(self._matched) >= MEMO_ENTRIES:
+                self._matched.clear()
+            self._matched[key] = found
+        return found
 
     def is_observation(self, message: dict[str, Any]) -> bool:
         """A user message holding environment output (by its shape, or by its sheer size)."""
@@ -48,7 +59,17 @@ class Observations:
 
 def handle_for(content: str) -> str:
     """The call id an observation is stored and read back under: stable for the same text."""
-    return HANDLE_PREFIX + hashlib.sha256(content.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    key = (len(content), hash(content))  # (as in matches: a resent observation is not hashed again)
+    handle = _handles.get(key)
+    if handle is None:
+        handle = HANDLE_PREFIX + hashlib.sha256(content.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+        if len(_handles) >= MEMO_ENTRIES:
+            _handles.clear()
+        _handles[key] = handle
+    return handle
+
+
+_handles: dict[tuple[int, int], str] = {}
 
 
 GREETING_CHARS = 40  # an opening user turn this short, answered in words (no tool, no command), says hello

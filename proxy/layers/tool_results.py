@@ -124,7 +124,7 @@ def summarize_large(messages: list[dict[str, Any]], state: SessionState, store: 
             continue  # kept for read-back only; its message is out of the prompt
         if out is messages:
             out = list(messages)
-        out[index] = {**messages[index], "content": stored.replacement}
+        out[index] = replaced(state, messages[index], stored.replacement)
     new_from = state.history_len  # results from here on were not sent before: no cached copy to lose
     if force or (waiting and not state.internal_tools_offered and _pays_off(messages, waiting, count,
                                                                             tools_tokens, new_from)):
@@ -137,8 +137,19 @@ def summarize_large(messages: list[dict[str, Any]], state: SessionState, store: 
                                                     handle=handle)
         if out is messages:
             out = list(messages)
-        out[index] = {**messages[index], "content": stored.replacement}
+        out[index] = replaced(state, messages[index], stored.replacement)
     return out
+
+
+def replaced(state: SessionState, message: dict[str, Any], content: str) -> dict[str, Any]:
+    """`message` with `content` instead of its own: the very object the session's previous request got
+    when it is the same message and text, so whatever is keyed by it (token counts) carries over."""
+    hit = state.rewrites.get(id(message))
+    if hit is not None and hit[0] is message and hit[1]["content"] is content:
+        return hit[1]
+    new = {**message, "content": content}
+    state.rewrites[id(message)] = (message, new)  # (holding `message`: its id is not reused meanwhile)
+    return new
 
 
 def _summary_for(handle: str, key: tuple[str, str], message: dict[str, Any],
@@ -248,7 +259,7 @@ def prune(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state
             if out[position].get("content") == stored.replacement or \
                     out[position].get("tool_call_id") in protected:
                 continue  # masked before (or just now, where the same result came earlier)
-            new_message = {**out[position], "content": stored.replacement}
+            new_message = replaced(state, out[position], stored.replacement)
             total += count(new_message) - count(out[position])
             if out is forwarded:
                 out = list(forwarded)

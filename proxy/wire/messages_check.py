@@ -8,6 +8,7 @@ from typing import Any, NoReturn
 
 from proxy.errors import BadRequest
 from proxy.validate import MAX_DEPTH, loads
+from proxy.wire.resent import BODIES, remember_checked
 
 _NAMES = {dict: "an object", list: "an array", str: "a string", int: "an integer", float: "a number",
           bool: "a boolean", type(None): "null"}
@@ -24,7 +25,8 @@ def _expect(param: str, value: Any, kind: type, name: str) -> None:
 
 
 def validate_messages_request(raw: bytes) -> dict[str, Any]:
-    body = loads(raw)
+    resent = BODIES.parse(raw, "messages")  # a resent history: its earlier items were checked before
+    body, known = (resent.body, resent.reused) if resent is not None else (loads(raw), 0)
     if type(body) is not dict:
         raise BadRequest("request body must be a JSON object", code="invalid_json")
     if "model" in body:
@@ -48,9 +50,10 @@ def validate_messages_request(raw: bytes) -> dict[str, Any]:
     if type(messages) is not list or not messages:
         raise BadRequest("messages: field required (a non-empty array)", param="messages",
                          code="missing_messages")
-    for index, message in enumerate(messages):
-        _check_message(message, f"messages.{index}")
-    _check_depth(body)
+    for index in range(known, len(messages)):
+        _check_message(messages[index], f"messages.{index}")
+    _check_depth({**body, "messages": messages[known:]} if known else body)
+    remember_checked(raw, "messages", body, resent)
     return body
 
 

@@ -7,6 +7,7 @@ from typing import Any, NoReturn
 
 from proxy.errors import BadRequest
 from proxy.validate import MAX_DEPTH, loads
+from proxy.wire.resent import BODIES, remember_checked
 
 _NAMES = {dict: "an object", list: "an array", str: "a string", int: "an integer", float: "a number",
           bool: "a boolean", type(None): "null"}
@@ -24,7 +25,8 @@ def _expect(param: str, value: Any, kind: type | tuple[type, ...], name: str) ->
 
 
 def validate_responses_request(raw: bytes) -> dict[str, Any]:
-    body = loads(raw)
+    resent = BODIES.parse(raw, "input")  # a resent history: its earlier items were checked before
+    body, known = (resent.body, resent.reused) if resent is not None else (loads(raw), 0)
     if type(body) is not dict:
         raise BadRequest("request body must be a JSON object", code="invalid_json")
     for key, kind, name in (("model", str, "a string"), ("stream", bool, "a boolean"),
@@ -38,11 +40,12 @@ def validate_responses_request(raw: bytes) -> dict[str, Any]:
                          code="missing_required_parameter")
     if source is not None and not isinstance(source, str):
         _expect("input", source, list, "a string or an array of input items")
-        for index, item in enumerate(source):
-            _check_item(item, f"input[{index}]")
+        for index in range(known, len(source)):
+            _check_item(source[index], f"input[{index}]")
     for index, tool in enumerate(body.get("tools") or []):
         _expect(f"tools[{index}]", tool, dict, "an object")
-    _check_depth(body)
+    _check_depth({**body, "input": source[known:]} if known and isinstance(source, list) else body)
+    remember_checked(raw, "input", body, resent)
     return body
 
 

@@ -1,0 +1,278 @@
+"""A resent history is parsed once: only what is new in a request body is parsed again.
+
+Agents send the whole conversation with every request, so a long session's body is megabytes of which
+only the last few messages are new. When a large body starts with the same bytes as a body parsed before
+up to the end of one of its messages, those messages are taken from the earlier parse — the very same
+objects, so everything keyed by them downstream (token counts, string hashes Python caches, layer
+decisions) is found again instead of recomputed — and only the rest of the body is parsed.
+
+Correctness rests on bytes alone: a message is reused only when every byte up to its end is identical, and
+a JSON parser's state at that point depends on nothing else, so the result equals a full parse of the new
+body (duplicate keys, odd shapes or anything unparsed fall back to one). Nothing here depends on which
+session or tenant sent a body. Parsed messages are shared between requests, so nothing may edit them in
+place (the pipeline never does: tests/test_invariants.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+MIN_BYTES = 64 * 1024  # smaller bodies parse in well under a millisecond: not worth remembering
+GROUP_PREFIX = 64  # bodies are grouped by their opening bytes (model, the system prompt's start)
+GROUP_SIZE = 32  # bodies remembered per group (concurrent sessions of one agent share their opening)
+
+# A JSON string (with a following colon when it is a key), or a bracket. Everything else (numbers,
+# literals, commas, whitespace) is skipped: message boundaries only need the brackets outside strings.
+_TOKEN = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"(\s*+:)?|[\[\]{}]')
+_ARRAY_OPEN = re.compile(rb"\s*+\[")
+_TAIL_KEY = "\x00resent"
+_TAIL_OPEN = b'{"\\u0000resent":[0'
+
+
+@dataclass
+class _Layout:
+    """Where the array under `key` lies in a body: the offset after each element's last byte."""
+
+    head: dict[str, Any]  # the top-level keys before the array (parsed), in order
+    ends: list[int]
+
+
+@dataclass
+class Resent:
+    body: dict[str, Any]
+    reused: int  # leading elements taken from an earlier body (checked then)
+    group: tuple[str, bytes]
+    entry: _Body | None  # what to remember once checked (None: the new elements' ends are unknown)
+    replacing: _Body
+
+
+class _Body:
+    def __init__(self, raw: bytes, key: str, body: dict[str, Any], layout: _Layout) -> None:
+        self.raw, self.key, self.body, self.layout = raw, key, body, layout
+
+    def reusable(self, raw: bytes) -> int:
+        """How many leading elements `raw` repeats byte for byte (memcmp stops at the first difference:
+        another session's body, which differs early, costs next to nothing)."""
+        ends, mine = self.layout.ends, self.raw
+        if _same_start(raw, mine, ends[-1]):
+            return len(ends)
+        low, high = 0, len(ends) - 1  # the largest n with the first n elements repeated
+        while low < high:
+            middle = (low + high + 1) // 2
+            if _same_start(raw, mine, ends[middle - 1]):
+                low = middle
+            else:
+                high = middle - 1
+        return low
+
+
+def _libc_memcmp() -> Callable[[bytes, bytes, int], int] | None:
+    name = ctypes.util.find_library("c")
+    try:
+        memcmp = ctypes.CDLL(name).memcmp if name else None
+    except (OSError, AttributeError):
+        return None
+    if memcmp is not None:
+        memcmp.argtypes, memcmp.restype = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t), ctypes.c_int
+    return memcmp
+
+
+_MEMCMP = _libc_memcmp()
+
+
+def _same_start(raw: bytes, mine: bytes, size: int) -> bool:
+    """raw[:size] == mine[:size] without copying megabytes (a slice is a fresh buffer, page faults and
+    all; memoryview comparison goes byte by byte in Python's C code)."""
+    if len(raw) < size:
+        return False
+    if _MEMCMP is not None:
+        return _MEMCMP(raw, mine, size) == 0
+    return raw.startswith(mine[:size])
+
+
+class ResentBodies:
+    """Recently parsed large bodies, grouped by their opening bytes; at most `limit_bytes` of them."""
+
+    def __init__(self, limit_bytes: int = 64 * 1024 * 1024, min_bytes: int = MIN_BYTES,
+                 group_prefix: int = GROUP_PREFIX) -> None:
+        self.limit_bytes, self.min_bytes, self.group_prefix = limit_bytes, min_bytes, group_prefix
+        self._groups: dict[tuple[str, bytes], list[_Body]] = {}
+        self._order: OrderedDict[int, tuple[tuple[str, bytes], _Body]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def parse(self, raw: bytes, key: str) -> Resent | None:
+        """The body of `raw` when an earlier body shares a prefix of whole `key` elements with it; None
+        when none does (parse it whole, check it, then `remember` it). Check the new elements, then
+        `keep` the result: only checked bodies are reused (their elements are not checked again)."""
+        if len(raw) < self.min_bytes or not self.limit_bytes:
+            return None
+        group = (key, raw[:self.group_prefix])
+        with self._lock:
+            candidates = list(self._groups.get(group, ()))
+        best, reused = None, 0
+        for candidate in candidates:
+            count = candidate.reusable(raw)
+            if count > reused:
+                best, reused = candidate, count
+        if best is None:
+            return None
+        layout = best.layout
+        parsed = _parse_after(raw, key, layout, best.body[key], reused)
+        if parsed is None:
+            return None
+        body, tail_ends = parsed
+        entry = None if tail_ends is None else \
+            _Body(raw, key, body, _Layout(layout.head, layout.ends[:reused] + tail_ends))
+        return Resent(body, reused, group, entry, best)
+
+    def keep(self, resent: Resent) -> None:
+        """A parsed body whose new elements passed the caller's checks: the next resend builds on it."""
+        if resent.entry is not None:
+            self._keep(resent.group, resent.entry, replacing=resent.replacing)
+
+    def remember(self, raw: bytes, key: str, body: dict[str, Any]) -> None:
+        """A body parsed whole and checked, for the next request that resends it. Where its elements end
+        is found now (a scan at a few ms a megabyte, once a session: later bodies are scanned past the
+        reused part only)."""
+        if len(raw) < self.min_bytes or not self.limit_bytes or type(body.get(key)) is not list:
+            return
+        layout = layout_of(raw, key, len(body[key]))
+        if layout is not None and layout.ends:
+            self._keep((key, raw[:self.group_prefix]), _Body(raw, key, body, layout))
+
+    def _keep(self, group: tuple[str, bytes], entry: _Body, replacing: _Body | None = None) -> None:
+        with self._lock:
+            if replacing is not None and id(replacing) in self._order:
+                self._drop(id(replacing))  # the session moved on: its previous body is not resent again
+            members = self._groups.setdefault(group, [])
+            if len(members) >= GROUP_SIZE:
+                self._drop(id(members[0]))
+            self._groups.setdefault(group, []).append(entry)
+            self._order[id(entry)] = (group, entry)
+            self._bytes += len(entry.raw)
+            while self._bytes > self.limit_bytes and self._order:
+                self._drop(next(iter(self._order)))
+
+    def clear(self) -> None:
+        with self._lock:
+            self._groups.clear()
+            self._order.clear()
+            self._bytes = 0
+
+    @property
+    def held_bytes(self) -> int:
+        return self._bytes
+
+    def _drop(self, entry_id: int) -> None:
+        group, entry = self._order.pop(entry_id)
+        self._bytes -= len(entry.raw)
+        members = self._groups[group]
+        members.remove(entry)
+        if not members:
+            del self._groups[group]
+
+
+def _parse_after(raw: bytes, key: str, layout: _Layout, earlier: list[Any],
+                 reused: int) -> tuple[dict[str, Any], list[int] | None] | None:
+    """The body of `raw`, its first `reused` elements taken from `earlier`: the rest of it parsed as the
+    continuation of the array after element `reused` (an object with a sentinel key holding that array,
+    then whatever keys followed it). Also the new elements' end offsets (None if they cannot be told)."""
+    start = layout.ends[reused - 1]
+    try:
+        tail = orjson.loads(_TAIL_OPEN + raw[start:])
+    except orjson.JSONDecodeError:
+        return None  # not JSON, or something only the full parse reports well: leave it to that
+    if type(tail) is not dict:
+        return None
+    rest = tail.pop(_TAIL_KEY, None)
+    if type(rest) is not list or not rest or rest[0] != 0 or key in tail \
+            or any(k in layout.head for k in tail):
+        return None  # a duplicate key: the full parse decides which one counts
+    body = {**layout.head, key: earlier[:reused] + rest[1:], **tail}
+    scanned = _elements(raw, start)
+    ends = scanned[0] if scanned is not None and len(scanned[0]) == len(rest) - 1 else None
+    return body, ends
+
+
+def layout_of(raw: bytes, key: str, count: int) -> _Layout | None:
+    """Where the top-level array under `key` and each of its `count` elements end, or None when the
+    body's shape is not one this can reuse (the key twice, elements that are not objects or arrays)."""
+    depth, found, position = 0, None, 0
+    scanning = True
+    while scanning:
+        scanning = False
+        for match in _TOKEN.finditer(raw, position):
+            char = raw[match.start()]
+            if char != 0x22:  # a bracket
+                depth += 1 if char in b"[{" else -1
+            elif depth == 1 and match.group(1) is not None and _is_key(match, key):
+                opening = _ARRAY_OPEN.match(raw, match.end())
+                if found is not None or opening is None:
+                    return None
+                scanned = _elements(raw, opening.end())
+                if scanned is None or len(scanned[0]) != count:
+                    return None
+                found, position, scanning = (opening.end() - 1, scanned[0]), scanned[1], True
+                break  # on after the array
+    if found is None:
+        return None
+    bracket, ends = found
+    try:
+        head = orjson.loads(raw[:bracket] + b"0}")
+    except orjson.JSONDecodeError:
+        return None
+    if type(head) is not dict:
+        return None
+    head.pop(key, None)
+    return _Layout(head, ends)
+
+
+def _is_key(match: re.Match[bytes], key: str) -> bool:
+    token = match.group(0)[:match.start(1) - match.start()]
+    try:
+        return bool(orjson.loads(token) == key)
+    except orjson.JSONDecodeError:
+        return False
+
+
+def _elements(raw: bytes, position: int) -> tuple[list[int], int] | None:
+    """From inside an array (after its `[` or after an element): each element's end offset, and the
+    offset after the array's `]`. None for string elements (only brackets are tracked)."""
+    depth = 0
+    ends: list[int] = []
+    for match in _TOKEN.finditer(raw, position):
+        char = raw[match.start()]
+        if char == 0x22:
+            if depth == 0:
+                return None
+            continue
+        if char in b"[{":
+            depth += 1
+            continue
+        if depth == 0:
+            return (ends, match.end()) if char == 0x5D else None
+        depth -= 1
+        if depth == 0:
+            ends.append(match.end())
+    return None
+
+
+BODIES = ResentBodies()  # one per process: the codecs are stateless, this is their shared memory
+
+
+def remember_checked(raw: bytes, key: str, body: dict[str, Any], resent: Resent | None) -> None:
+    """After a body passed its checks: keep it (resent) or remember it (parsed whole) for the next."""
+    if resent is not None:
+        BODIES.keep(resent)
+    else:
+        BODIES.remember(raw, key, body)

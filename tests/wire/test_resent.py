@@ -1,0 +1,148 @@
+"""A resent history is parsed only past what an earlier body had (proxy/wire/resent.py): the result is
+always what a full parse gives, and the repeated messages are the earlier parse's very objects."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+from proxy.wire.resent import ResentBodies, layout_of
+
+# Strings that would confuse a careless scanner: quotes, escapes, brackets, non-ASCII, a fake key.
+tricky_text = st.lists(st.sampled_from([*'ab "\\{}[]:,\n\té€😀', '"messages":[']), max_size=20).map("".join)
+message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant", "tool"]), "content": tricky_text},
+    optional={"name": tricky_text, "extra": st.lists(st.dictionaries(tricky_text, tricky_text, max_size=2),
+                                                       max_size=2)})
+styles = st.sampled_from(["orjson", "python", "indent", "ascii"])
+
+
+def dump(value: Any, style: str) -> bytes:
+    if style == "orjson":
+        return orjson.dumps(value)
+    if style == "python":
+        return json.dumps(value, ensure_ascii=False).encode()  # ", " and ": " separators
+    if style == "indent":
+        return json.dumps(value, indent=2, ensure_ascii=False).encode()
+    return json.dumps(value).encode()  # \\uXXXX escapes
+
+
+def body(messages: list[dict[str, Any]], style: str, before: dict[str, Any], after: dict[str, Any]) -> bytes:
+    return dump({**before, "messages": messages, **after}, style)
+
+
+def full(raw: bytes) -> Any:
+    return json.loads(raw)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(message, min_size=1, max_size=8), st.lists(message, max_size=4), styles,
+       st.dictionaries(st.sampled_from(["model", "temperature", "metadata"]), tricky_text, max_size=2),
+       st.dictionaries(st.sampled_from(["stream", "tools", "user"]), tricky_text, max_size=2),
+       st.integers(min_value=-1, max_value=7), tricky_text)
+def test_a_resent_body_parses_as_a_full_parse_would(history: list[dict[str, Any]], more: list[dict[str, Any]],
+                                                   style: str, before: dict[str, Any], after: dict[str, Any],
+                                                   edit: int, edited: str) -> None:
+    cache = ResentBodies(min_bytes=0, group_prefix=1)
+    first = body(history, style, before, after)
+    parsed_first = full(first)
+    cache.remember(first, "messages", parsed_first)
+    resent = history + more
+    if 0 <= edit < len(resent):  # the client changed an earlier message (an edited history)
+        resent = [*resent[:edit], {**resent[edit], "content": edited}, *resent[edit + 1:]]
+    second = body(resent, style, before, after)
+    got = cache.parse(second, "messages")
+    event("reused" if got is not None else "parsed whole")
+    if got is None:
+        return  # nothing reusable: the caller parses it whole
+    parsed, reused = got.body, got.reused
+    assert parsed == full(second)
+    assert list(parsed) == list(full(second))  # key order kept (the chat codec re-serializes in it)
+    assert reused >= 1
+    for index in range(reused):  # the very objects of the first parse
+        assert parsed["messages"][index] is parsed_first["messages"][index]
+    assert json.loads(dump(parsed_first["messages"][:reused], "orjson")) == resent[:reused]
+
+
+def test_each_turn_of_a_growing_history_reuses_all_of_the_previous_one() -> None:
+    cache = ResentBodies(min_bytes=0, group_prefix=1)
+    history = [{"role": "system", "content": "be brief"}]
+    previous: list[Any] = []
+    for turn in range(30):
+        history = [*history, {"role": "user", "content": f"turn {turn} \"quoted\" {{braces}} [{turn}]"},
+                   {"role": "assistant", "content": f"answer {turn}"}]
+        raw = orjson.dumps({"model": "m", "messages": history[:-1], "stream": False})
+        got = cache.parse(raw, "messages")
+        if got is None:
+            parsed = orjson.loads(raw)
+            cache.remember(raw, "messages", parsed)
+            assert turn == 0
+        else:
+            cache.keep(got)
+            parsed, reused = got.body, got.reused
+            assert reused == len(previous)
+            assert all(a is b for a, b in zip(parsed["messages"], previous, strict=False))
+            assert parsed == orjson.loads(raw)
+        previous = parsed["messages"]
+
+
+def test_duplicate_keys_are_left_to_the_full_parse() -> None:
+    cache = ResentBodies(min_bytes=0, group_prefix=1)
+    first = b'{"model":"m","messages":[{"role":"user","content":"a"}]}'
+    cache.remember(first, "messages", orjson.loads(first))
+    for second in (b'{"model":"m","messages":[{"role":"user","content":"a"}],"messages":[]}',
+                   b'{"model":"m","messages":[{"role":"user","content":"a"}],"model":"other"}'):
+        got = cache.parse(second, "messages")
+        assert got is None or got.body == orjson.loads(second)
+    assert layout_of(b'{"messages":[{}],"messages":[{}]}', "messages", 1) is None
+
+
+def test_shapes_it_cannot_reuse_are_parsed_whole() -> None:
+    cache = ResentBodies(min_bytes=0, group_prefix=1)
+    for raw in (b'{"messages":["text",{"role":"user"}]}',  # a string element: no boundaries kept
+                b'{"messages":[1,{"role":"user"}]}',  # a number: element counts differ
+                b'{"messages":"not a list"}', b'[{"messages":[{}]}]'):
+        parsed = orjson.loads(raw)
+        if isinstance(parsed, dict):
+            cache.remember(raw, "messages", parsed)
+        assert cache.parse(raw + b" ", "messages") is None
+
+
+def test_not_json_after_the_reused_prefix_is_left_to_the_full_parse() -> None:
+    cache = ResentBodies(min_bytes=0, group_prefix=1)
+    first = b'{"messages":[{"role":"user","content":"a"}]}'
+    cache.remember(first, "messages", orjson.loads(first))
+    assert cache.parse(b'{"messages":[{"role":"user","content":"a"},{"role":', "messages") is None
+
+
+def test_small_bodies_are_not_remembered_and_memory_is_bounded() -> None:
+    small = ResentBodies()
+    raw = orjson.dumps({"messages": [{"role": "user", "content": "hi"}]})
+    small.remember(raw, "messages", orjson.loads(raw))
+    assert small.held_bytes == 0
+    cache = ResentBodies(limit_bytes=3000, min_bytes=0)
+    for n in range(10):
+        raw = orjson.dumps({"messages": [{"role": "user", "content": f"{n}" * 1000}]})
+        cache.remember(raw, "messages", orjson.loads(raw))
+        assert cache.held_bytes <= 3000
+    off = ResentBodies(limit_bytes=0, min_bytes=0)
+    off.remember(raw, "messages", orjson.loads(raw))
+    assert off.held_bytes == 0 and off.parse(raw, "messages") is None
+
+
+def test_only_checked_bodies_are_built_on() -> None:
+    """A resent body is remembered only once the caller kept it (its new elements passed the checks):
+    a body with a bad new message, never kept, is not a base whose messages go unchecked later."""
+    cache = ResentBodies(min_bytes=0, group_prefix=1)
+    good = [{"role": "user", "content": "a"}]
+    first = orjson.dumps({"messages": good})
+    cache.remember(first, "messages", orjson.loads(first))
+    bad = orjson.dumps({"messages": [*good, {"role": 5}]})
+    got = cache.parse(bad, "messages")
+    assert got is not None and got.reused == 1  # not kept: the caller's check failed
+    again = cache.parse(orjson.dumps({"messages": [*good, {"role": 5}, {"role": "user"}]}), "messages")
+    assert again is not None and again.reused == 1  # built on the checked body, not on the bad one
