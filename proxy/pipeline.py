@@ -100,11 +100,13 @@ def run(conversation: Conversation, context: PipelineContext) -> Outcome:
 def forget_counts(state: SessionState, messages: list[dict[str, Any]]) -> None:
     """Keep what is carried from request to request (token counts, rewritten copies) to the client's
     messages and their copies once other objects (blocks, an edited history) outnumber them."""
-    if len(state.counted) > 3 * len(messages) + 256 or len(state.rewrites) > len(messages) + 256:
+    counted = sum(len(by_id) for by_id in state.counted.values())
+    if counted > 3 * len(messages) + 256 or len(state.rewrites) > len(messages) + 256:
         keep = {id(m) for m in messages}
         state.rewrites = {k: v for k, v in state.rewrites.items() if k in keep}
         keep.update(id(copy) for _, copy in state.rewrites.values())
-        state.counted = {k: v for k, v in state.counted.items() if k[0] in keep}
+        state.counted = {model: {k: v for k, v in by_id.items() if k in keep}
+                         for model, by_id in state.counted.items()}
 
 
 def _run(conversation: Conversation, context: PipelineContext, state: SessionState) -> Outcome:

@@ -80,7 +80,7 @@ class SessionState:
     # Internal calls taken out of turns that also called client tools, put back in later histories.
     splices: dict[tuple[Any, ...], Splice] = field(default_factory=dict)
     # Token counts by message object, carried from request to request (see TokenCounter.request_scope).
-    counted: dict[tuple[int, str], tuple[dict[str, Any], int]] = field(default_factory=dict, repr=False,
+    counted: dict[str, dict[int, tuple[dict[str, Any], int]]] = field(default_factory=dict, repr=False,
                                                                        compare=False)
     # Rewritten copies of messages (summaries, placeholders) by the message, for the same reason.
     rewrites: dict[int, tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=dict, repr=False,

@@ -8,6 +8,8 @@ windows and prices come from the JSON map it bundles, read the same way.
 from __future__ import annotations
 
 import functools
+import itertools
+import operator
 import importlib.util
 import os
 import threading
@@ -90,7 +92,10 @@ def _encoder(name: str) -> Callable[[str], int]:
     return lambda text: len(encoding.encode_ordinary(text))
 
 
-Scoped = dict[tuple[int, str], tuple[dict[str, Any], int]]  # (id, model) -> (the message, its count)
+# By model, then by message object: id -> (the message, its count). The entry holds the message, so
+# no other live object can have its id: an id found is that very message.
+Scoped = dict[str, dict[int, tuple[dict[str, Any], int]]]
+_COUNT = operator.itemgetter(1)
 
 
 class TokenCounter:
@@ -142,8 +147,11 @@ class TokenCounter:
         return found
 
     def message(self, message: dict[str, Any], model: str) -> int:
-        scoped: Scoped | None = getattr(self._scope, "counts", None)
-        if scoped is not None and (hit := scoped.get((id(message), model))) is not None and hit[0] is message:
+        counts: Scoped | None = getattr(self._scope, "counts", None)
+        scoped = None if counts is None else counts.get(model)
+        if scoped is None and counts is not None:
+            scoped = counts[model] = {}
+        if scoped is not None and (hit := scoped.get(id(message))) is not None:
             return hit[1]
         family = encoding_name_for(model)
         key = (family, _message_key(message))
@@ -151,12 +159,21 @@ class TokenCounter:
         if found is None:
             found = _count_message(message, family)
             self._remember(key, _key_size(key[1]), found)
-        if scoped is not None:  # (the entry holds the message: its id cannot be reused meanwhile)
-            scoped[(id(message), model)] = (message, found)
+        if scoped is not None:
+            scoped[id(message)] = (message, found)
         return found
 
     def messages(self, messages: list[dict[str, Any]], model: str) -> int:
-        return REPLY_PRIMING + sum(self.message(m, model) for m in messages)
+        counts: Scoped | None = getattr(self._scope, "counts", None)
+        scoped = None if counts is None else counts.get(model)
+        if scoped is None:
+            return REPLY_PRIMING + sum(self.message(m, model) for m in messages)
+        # Messages counted before in this scope (a resent history: nearly all) are summed in C; only
+        # the others are counted one by one.
+        hits = list(map(scoped.get, map(id, messages)))
+        known: Iterable[tuple[dict[str, Any], int]] = filter(None, hits)
+        new = itertools.compress(messages, map(operator.not_, hits))
+        return REPLY_PRIMING + sum(map(_COUNT, known)) + sum(self.message(m, model) for m in new)
 
     def tools(self, tools: list[Any] | None, model: str) -> int:
         if not tools:
