@@ -57,6 +57,7 @@ from proxy.spool import (
     replay_file,
     spool_files,
 )
+from proxy.spool_delta import Bases, Expander
 from proxy.store.target import SqliteTarget, WriteTarget
 
 __all__ = [
@@ -122,6 +123,7 @@ class ArchiveWriter:
             self._closed = False
             self._starting = True  # replaying the spool: an unavailable database fails the start
             self.spool = Spool(self.data_dir / "spool")
+            self._bases = Bases()
             self._replay(self.spool.leftovers)
             self._starting = False
         except BaseException:
@@ -138,15 +140,17 @@ class ArchiveWriter:
 
     def submit(self, item: ExchangeRecord | TableRow) -> None:
         """Durable (spooled) when this returns; may block while the writer is behind."""
-        self._enqueue(encode_item(item), item if isinstance(item, ExchangeRecord) else None)
+        self.submit_many([item])
 
     def submit_many(self, items: Iterable[ExchangeRecord | TableRow]) -> int:
-        """Durable when this returns; the bytes spooled."""
+        """Durable when this returns; the bytes spooled. An exchange is spooled relative to its session's
+        previous one (spool_delta.py), so it is encoded under the lock, right before its append."""
         spooled = 0
         for item in items:
-            payload = encode_item(item)
-            self._enqueue(payload, item if isinstance(item, ExchangeRecord) else None)
-            spooled += len(payload)
+            if isinstance(item, ExchangeRecord):
+                spooled += self._enqueue(None, item)
+            else:
+                spooled += self._enqueue(encode_item(item))
         return spooled
 
     @property
@@ -158,24 +162,31 @@ class ArchiveWriter:
         """Far from full: a small submit now will not wait for the writer (the event loop may make it)."""
         return self._queued_bytes < self.max_queued_bytes // 2
 
-    def _enqueue(self, payload: bytes, item: ExchangeRecord | None = None) -> None:
+    def _enqueue(self, payload: bytes | None, item: ExchangeRecord | None = None) -> int:
+        """Spool and queue an item (`payload` None: an exchange, encoded here); its spooled size."""
         with self._cond:
             while (not self._closed and self._queued_bytes
-                   and self._queued_bytes + len(payload) > self.max_queued_bytes):
+                   and self._queued_bytes + (len(payload) if payload else 1) > self.max_queued_bytes):
                 self._cond.wait()
             if self._closed:
-                self._late(payload)
-                return
+                self._late(encode_item(item) if item is not None else payload or b"")
+                return 0
+            if payload is None:
+                assert item is not None
+                payload = self._bases.encode(item, self.spool)
             try:
                 segment: int | None = self.spool.append(payload)
             except OSError as exc:
                 log.error("archive: cannot append to the spool (%s); this record is only in memory until "
                           "it is committed", exc)
                 segment = None
+                if item is not None:
+                    self._bases.unspooled(item)  # not a base: the next record of its session goes whole
             self._submitted += 1
             self._queue.append(_Queued(self._submitted, segment, payload, item))
             self._queued_bytes += len(payload)
             self._cond.notify_all()
+            return len(payload)
 
     def _late(self, payload: bytes) -> None:
         """Submitted after close: kept in its own spool file, written at the next start."""
@@ -253,7 +264,8 @@ class ArchiveWriter:
         for path in files:
             self._rows.stale = path.name.startswith("rejected-")
             try:
-                total += replay_file(path, self._commit, batch_items=BATCH_MAX, batch_bytes=BATCH_BYTES)
+                total += replay_file(path, self._commit, batch_items=BATCH_MAX, batch_bytes=BATCH_BYTES,
+                                     prepare=Expander())
             finally:
                 self._rows.stale = False
         if total:
@@ -282,8 +294,8 @@ class ArchiveWriter:
         for payload, item in items:
             try:
                 self._transaction([(payload, item)])
-            except WriteFailed as failed:
-                self._reject(payload, str(failed))
+            except WriteFailed as failed:  # (set aside whole: a spooled record may be relative)
+                self._reject(encode_item(item) if isinstance(item, ExchangeRecord) else payload, str(failed))
 
     def _transaction(self, items: list[tuple[bytes, ExchangeRecord | TableRow]]) -> None:
         """One IMMEDIATE transaction. A busy, locked, full or failing database is retried with backoff,

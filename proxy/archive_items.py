@@ -7,7 +7,7 @@ import json
 import struct
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal, overload
 
 import orjson
 
@@ -82,18 +82,27 @@ class TableRow:
 
 # --------------------------------------------------------------------- items as bytes (queue, spool)
 
-_EXCHANGE, _ROW = 1, 2
+_EXCHANGE, _ROW, _UNUSABLE = 1, 2, 3
+_RELATIVE = "_relative_to"  # spool_delta: [base index, request messages shared, forwarded shared or -1]
 _BLOB_FIELDS = ("response_body", "response_chunks")
 _EXCHANGE_FIELDS = tuple(f.name for f in fields(ExchangeRecord) if f.name not in _BLOB_FIELDS)
 _HEAD = struct.Struct("<BBI")  # kind, 1 if the stdlib wrote the JSON, its length
 _BLOB = struct.Struct("<q")
 
 
-def encode_item(item: ExchangeRecord | TableRow) -> bytes:
-    """An item as bytes: kind, JSON of its fields, then the raw response body and stream bytes."""
+def encode_item(item: ExchangeRecord | TableRow, relative: tuple[int, int, int] | None = None) -> bytes:
+    """An item as bytes: kind, JSON of its fields, then the raw response body and stream bytes.
+    `relative` (base record's index in its spool segment, request messages and forwarded messages shared
+    with it, -1: forwarded whole): only the messages after those are written (spool_delta.py)."""
     if isinstance(item, ExchangeRecord):
         kind = _EXCHANGE
         meta: dict[str, Any] = {name: getattr(item, name) for name in _EXCHANGE_FIELDS}
+        if relative is not None:
+            index, on_request, on_forwarded = relative
+            meta["request_messages"] = item.request_messages[on_request:]
+            if on_forwarded >= 0 and item.forwarded_messages is not None:
+                meta["forwarded_messages"] = item.forwarded_messages[on_forwarded:]
+            meta[_RELATIVE] = [index, on_request, on_forwarded]
         blobs = [item.response_body, b"".join(item.response_chunks) if item.response_chunks else None]
     elif isinstance(item, TableRow):
         kind, meta, blobs = _ROW, {"table": item.table, "row": item.row, "replace": item.replace}, []
@@ -108,8 +117,27 @@ def encode_item(item: ExchangeRecord | TableRow) -> bytes:
     return b"".join(parts)
 
 
-def decode_item(payload: bytes) -> ExchangeRecord | TableRow:
+def unknown_kind(payload: bytes, reason: str) -> bytes:
+    """The payload made undecodable, naming why (it is set aside, kept whole, when committed)."""
+    note = reason.encode()
+    return _HEAD.pack(_UNUSABLE, 0, len(note)) + note + payload
+
+
+@overload
+def decode_item(payload: bytes) -> ExchangeRecord | TableRow: ...
+
+
+@overload
+def decode_item(payload: bytes, relative: Literal[True]) -> tuple[ExchangeRecord | TableRow,
+                                                                 tuple[int, int, int] | None]: ...
+
+
+def decode_item(payload: bytes, relative: bool = False) -> Any:
+    """The item of `encode_item`'s bytes. A record spooled relative to another raises ValueError, unless
+    `relative` (then: the item holding only its own messages, and the reference)."""
     kind, by_stdlib, size = _HEAD.unpack_from(payload)
+    if kind == _UNUSABLE:
+        raise ValueError(payload[_HEAD.size:_HEAD.size + size].decode("utf-8", "replace"))
     position = _HEAD.size
     head = payload[position:position + size]
     meta = json.loads(head) if by_stdlib else orjson.loads(head)
@@ -124,11 +152,17 @@ def decode_item(payload: bytes) -> ExchangeRecord | TableRow:
             blobs.append(payload[position:position + length])
             position += length
     if kind == _ROW:
-        return TableRow(meta["table"], meta["row"], bool(meta.get("replace", True)))
+        row = TableRow(meta["table"], meta["row"], bool(meta.get("replace", True)))
+        return (row, None) if relative else row
     if kind != _EXCHANGE:
         raise ValueError(f"unknown archive item kind {kind}")
     record = ExchangeRecord(**{k: v for k, v in meta.items() if k in _EXCHANGE_FIELDS})
     blobs += [None] * (2 - len(blobs))
     record.response_body = blobs[0]
     record.response_chunks = [blobs[1]] if blobs[1] else []
+    reference = meta.get(_RELATIVE)
+    if relative:
+        return record, tuple(reference) if reference is not None else None
+    if reference is not None:
+        raise ValueError("a record spooled relative to another one, read without it")
     return record

@@ -18,6 +18,11 @@ from pathlib import Path
 log = logging.getLogger("ctxproxy.archive")
 
 SEGMENT_BYTES = 64 * 1024 * 1024  # a spool segment is closed (and deleted once committed) past this
+# The current segment is emptied once all of it is committed and it holds more than this: until then
+# its committed records stay, as the base later records of their sessions are spooled relative to
+# (spool_delta.py), behind a marker saying how many of its records are committed.
+TRUNCATE_BYTES = 8 * 1024 * 1024
+_MARK = struct.Struct("<BQ")  # a marker payload: 0 (no archive item starts so), records committed
 
 _FRAME = struct.Struct("<4sQI")  # magic, payload length, crc32
 _MAGIC = b"CXS1"
@@ -84,7 +89,10 @@ class Spool:
         self.segment = max(numbers, default=0) + 1
         self.fd: int | None = open_append(self._path(self.segment))
         self.size = 0
+        self.records = 0  # records appended to the current segment since it was started or emptied
+        self.epoch = 0  # bumped whenever the current segment starts afresh (rotated or emptied)
         self.pending: Counter[int] = Counter({self.segment: 0})
+        self.done: Counter[int] = Counter()  # records committed, by segment
         self._set_aside: int | None = None  # rejected-*.log of this run, opened on first use
 
     def _path(self, segment: int) -> Path:
@@ -98,7 +106,12 @@ class Spool:
         write_all(self.fd, [frame(payload), payload])
         self.size += _FRAME.size + len(payload)
         self.pending[self.segment] += 1
+        self.records += 1
         return self.segment
+
+    def rotate_if_full(self) -> None:
+        if self.fd is not None and self.size >= SEGMENT_BYTES:
+            self._rotate()
 
     def _rotate(self) -> None:
         assert self.fd is not None
@@ -107,7 +120,8 @@ class Spool:
             self._unlink(self.segment)
         self.segment += 1
         self.fd = open_append(self._path(self.segment))
-        self.size = 0
+        self.size = self.records = 0
+        self.epoch += 1
         self.pending[self.segment] = 0
 
     def set_aside(self, payload: bytes) -> None:
@@ -117,18 +131,34 @@ class Spool:
         write_all(self._set_aside, [frame(payload), payload])
 
     def committed(self, segments: Iterable[int | None]) -> None:
+        """Records committed (in the order they were appended): a segment whose records are all
+        committed goes (the current one once past TRUNCATE_BYTES); else it is marked with how many are."""
+        touched: set[int] = set()
         for segment in segments:
             if segment is not None:
                 self.pending[segment] -= 1
+                self.done[segment] += 1
+                touched.add(segment)
         for segment in [s for s, n in self.pending.items() if n <= 0]:
             if segment != self.segment:
                 self._unlink(segment)
-            elif self.size and self.fd is not None:
+                touched.discard(segment)
+            elif self.size >= TRUNCATE_BYTES and self.fd is not None:
                 os.ftruncate(self.fd, 0)  # O_APPEND: the next item goes to offset 0
-                self.size = 0
+                self.size = self.records = self.done[segment] = 0
+                self.epoch += 1
+                touched.discard(segment)
+        for segment in touched:  # replay skips what a marker says is committed (it is only a base)
+            mark = _MARK.pack(0, self.done[segment])
+            if segment == self.segment and self.fd is not None:
+                write_all(self.fd, [frame(mark), mark])
+                self.size += _FRAME.size + len(mark)
+            else:
+                append_framed(self._path(segment), mark)
 
     def _unlink(self, segment: int) -> None:
         self.pending.pop(segment, None)
+        self.done.pop(segment, None)
         with contextlib.suppress(FileNotFoundError):
             self._path(segment).unlink()
 
@@ -152,26 +182,46 @@ def spool_files(folder: Path) -> list[Path]:
 
 
 def replay_file(path: Path, commit: Callable[[list[bytes]], None], *, batch_items: int,
-                batch_bytes: int) -> int:
+                batch_bytes: int, prepare: Callable[[bytes], bytes] | None = None) -> int:
     """Hand the payloads of a leftover spool file to `commit`, in batches of at most `batch_items` (or
-    about `batch_bytes`), then delete the file. A corrupt file is kept as `*.corrupt` once what could be
-    read before the damage is committed. Returns how many payloads were read."""
+    about `batch_bytes`), then delete the file. Records a marker says were committed are only shown to
+    `prepare` (which turns each record into what `commit` takes: a record spooled relative to an
+    earlier one made whole). A corrupt file is kept as `*.corrupt` once what could be read before the
+    damage is committed. Returns how many payloads were committed."""
+    records, committed, damage = _records(path)
     batch: list[bytes] = []
     size = count = 0
+    for index, payload in enumerate(records):
+        whole = prepare(payload) if prepare is not None else payload
+        if index < committed:
+            continue
+        batch.append(whole)
+        size += len(whole)
+        count += 1
+        if len(batch) >= batch_items or size >= batch_bytes:
+            commit(batch)
+            batch, size = [], 0
+    commit(batch)
+    if damage is not None:
+        kept = path.with_suffix(".corrupt")
+        log.error("archive: %s; the file is kept as %s", damage, kept)
+        path.rename(kept)
+    else:
+        path.unlink()
+    return count
+
+
+def _records(path: Path) -> tuple[list[bytes], int, Exception | None]:
+    """A spool file's records, how many of them (from the start) its last marker says are committed,
+    and the damage that stopped the reading, if any (the file is read whole first: at most a segment)."""
+    records: list[bytes] = []
+    committed = 0
     try:
         for payload in read_frames(path):
-            batch.append(payload)
-            size += len(payload)
-            count += 1
-            if len(batch) >= batch_items or size >= batch_bytes:
-                commit(batch)
-                batch, size = [], 0
+            if payload[:1] == b"\x00" and len(payload) == _MARK.size:
+                committed = _MARK.unpack(payload)[1]
+            else:
+                records.append(payload)
     except (CorruptSpool, OSError) as exc:
-        commit(batch)
-        kept = path.with_suffix(".corrupt")
-        log.error("archive: %s; the file is kept as %s", exc, kept)
-        path.rename(kept)
-        return count
-    commit(batch)
-    path.unlink()
-    return count
+        return records, committed, exc
+    return records, committed, None

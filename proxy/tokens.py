@@ -8,9 +8,9 @@ windows and prices come from the JSON map it bundles, read the same way.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import itertools
 import operator
-import importlib.util
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator

@@ -102,7 +102,8 @@ def test_resent_cache_bytes_zero_parses_every_body_whole(make_proxy, fake_upstre
         history = [*opening(), {"role": "user", "content": "go"}]
         for _ in range(2):
             client.chat.completions.create(model="gpt-4o", messages=history)
-            history = [*history, {"role": "assistant", "content": "echo: go"}, {"role": "user", "content": "go"}]
+            history = [*history, {"role": "assistant", "content": "echo: go"},
+                       {"role": "user", "content": "go"}]
         assert reused == [0, 0] and resent.BODIES.held_bytes == 0
         assert archived(proxy)[-1] == as_pairs(history[:-2])
     finally:

@@ -1,0 +1,103 @@
+"""A resent history is spooled once: an exchange record is written to the spool relative to the previous
+record of its session in the same spool segment, holding only the messages after the ones they share.
+
+Agents resend the whole conversation with every request, so spooling each record whole writes (and
+checksums) megabytes a turn for a long session. The messages a record shares with its session's previous
+one are the very same objects (wire/resent.py), found by identity in C; the record then names that
+record (its place in the segment) and how many it shares. The base stays in the segment until the
+segment is emptied or rotated (spool.TRUNCATE_BYTES, SEGMENT_BYTES), which starts a new epoch: the next
+record of every session is spooled whole again. A replay (a start after a crash) reads a segment in
+order and makes every record whole before it is committed (Expander).
+
+The writer itself never reads the spool back: it is handed the submitted record. Records set aside or
+arriving after close are always spooled whole.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections import OrderedDict
+from typing import Any
+
+from proxy.archive_items import ExchangeRecord, decode_item, encode_item, unknown_kind
+from proxy.spool import Spool
+
+MAX_SESSIONS = 4096  # sessions whose last spooled record is remembered as a base
+MIN_SHARED = 8  # fewer shared messages than this: spooled whole (not worth a reference)
+
+Key = tuple[str, str]  # (tenant, session id)
+
+
+class _Base:
+    __slots__ = ("epoch", "forwarded", "index", "request")
+
+    def __init__(self, epoch: int, index: int, request: list[Any], forwarded: list[Any] | None) -> None:
+        self.epoch, self.index, self.request, self.forwarded = epoch, index, request, forwarded
+
+
+def shared(earlier: list[Any], later: list[Any]) -> int:
+    """How many leading elements of `later` are the very objects of `earlier`."""
+    return next(itertools.compress(itertools.count(), map(operator.is_not, earlier, later)),
+                min(len(earlier), len(later)))
+
+
+class Bases:
+    """The last record spooled per session (the writer's: called under its lock, before each append)."""
+
+    def __init__(self) -> None:
+        self._last: OrderedDict[Key, _Base] = OrderedDict()
+
+    def encode(self, record: ExchangeRecord, spool: Spool) -> bytes:
+        """The record's spool payload (relative to its session's previous record when that pays), and
+        the record remembered as the base of the next one. Call right before `spool.append`."""
+        spool.rotate_if_full()
+        key = (record.tenant, record.session_id)
+        base = self._last.pop(key, None)
+        request, forwarded = record.request_messages, record.forwarded_messages
+        self._last[key] = _Base(spool.epoch, spool.records, request, forwarded)
+        if len(self._last) > MAX_SESSIONS:
+            self._last.popitem(last=False)
+        if base is None or base.epoch != spool.epoch or not isinstance(request, list):
+            return encode_item(record)
+        on_request = shared(base.request, request)
+        if on_request < MIN_SHARED:
+            return encode_item(record)
+        on_forwarded = -1  # forwarded unchanged (None) or spooled whole
+        if isinstance(forwarded, list) and isinstance(base.forwarded, list):
+            on_forwarded = shared(base.forwarded, forwarded)
+        return encode_item(record, relative=(base.index, on_request, on_forwarded))
+
+    def unspooled(self, record: ExchangeRecord) -> None:
+        """The record's append failed: it is no base."""
+        self._last.pop((record.tenant, record.session_id), None)
+
+
+class Expander:
+    """Makes the records of one spool file whole again, in file order (replay)."""
+
+    def __init__(self) -> None:
+        self._records: list[tuple[Key, list[Any], list[Any] | None] | None] = []
+
+    def __call__(self, payload: bytes) -> bytes:
+        try:
+            item, relative = decode_item(payload, relative=True)
+        except Exception:  # not decodable here: the commit names the problem and sets it aside
+            self._records.append(None)
+            return payload
+        if not isinstance(item, ExchangeRecord):
+            self._records.append(None)
+            return payload
+        key = (item.tenant, item.session_id)
+        if relative is not None:
+            index, on_request, on_forwarded = relative
+            base = self._records[index] if 0 <= index < len(self._records) else None
+            if base is None or base[0] != key or len(base[1]) < on_request:
+                self._records.append(None)
+                return unknown_kind(payload, "its base record is not in the spool")
+            item.request_messages = base[1][:on_request] + item.request_messages
+            if on_forwarded >= 0 and isinstance(base[2], list) and isinstance(item.forwarded_messages, list):
+                item.forwarded_messages = base[2][:on_forwarded] + item.forwarded_messages
+            payload = encode_item(item)
+        self._records.append((key, item.request_messages, item.forwarded_messages))
+        return payload

@@ -1,0 +1,166 @@
+"""Exchanges spooled relative to their session's previous record (proxy/spool_delta.py): a resent history
+is written to the spool once, every record comes back whole from a replay after kill -9, and records a
+marker says were committed are not written again over newer rows."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.archive import ArchiveWriter, ExchangeRecord, encode_item, open_database, utc_now
+from proxy.reader import ArchiveReader
+from proxy.spool import Spool, replay_file
+from proxy.spool_delta import Bases, Expander
+from tests.test_archive_durability import Blocker, count
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def record(n: int, session: str, request: list[Any], forwarded: list[Any] | None = None) -> ExchangeRecord:
+    return ExchangeRecord(
+        id=f"ex-{n}", created_at=utc_now(), session_id=session, session_source="header", tenant="t",
+        policy="default", route="chat/completions", model="m", stream=False, request_messages=request,
+        forwarded_messages=forwarded, params={}, status=200, response_body=b'{"choices":[]}')
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 12), st.booleans(), st.booleans()),
+                min_size=1, max_size=25))
+def test_every_record_comes_back_whole_from_the_spool(tmp_path_factory, steps):
+    """Any mix of sessions growing, restarting (an edited history) or rewritten (forwarded lists): what
+    the spool holds, made whole in file order, is each record as submitted."""
+    spool = Spool(tmp_path_factory.mktemp("spool"))
+    bases = Bases()
+    histories: dict[int, list[dict[str, Any]]] = {}
+    submitted = []
+    for n, (session, grow, edit, rewrite) in enumerate(steps):
+        history = histories.get(session, [])
+        if edit and history:
+            history = [{"role": "system", "content": f"edited {n}"}, *history[1:]]
+        history = history + [{"role": "user", "content": f"s{session} m{n}.{k}"} for k in range(grow + 1)]
+        histories[session] = history
+        forwarded = [{"role": "system", "content": "block"}, *history[-3:]] if rewrite else None
+        item = record(n, f"s{session}", history, forwarded)
+        spool.append(bases.encode(item, spool))
+        submitted.append(item)
+    spool.close()
+    replayed: list[bytes] = []
+    path = next(spool.folder.glob("*.log"))
+    replay_file(path, replayed.extend, batch_items=1000, batch_bytes=1 << 30, prepare=Expander())
+    assert replayed == [encode_item(item) for item in submitted]
+
+
+CHILD = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from proxy.archive import ArchiveWriter, ExchangeRecord, TableRow, encode_item, utc_now
+
+    writer = ArchiveWriter(Path(sys.argv[1]), busy_timeout=0.05)
+    histories = {0: [{"role": "system", "content": "agent"}], 1: [{"role": "system", "content": "agent"}]}
+    whole = 0
+    for n in range(40):
+        session = n % 2
+        histories[session] = histories[session] + [
+            {"role": "user", "content": f"observation {n}: " + "x" * 20_000},
+            {"role": "assistant", "content": f"step {n}"}]
+        request = histories[session][:-1]
+        forwarded = [request[0], {"role": "system", "content": "summary block"}, *request[-4:]]
+        item = ExchangeRecord(
+            id=f"delta-{n}", created_at=utc_now(), session_id=f"s{session}", session_source="header",
+            tenant="t", policy="default", route="chat/completions", model="m", stream=False,
+            request_messages=request, forwarded_messages=forwarded, params={}, status=200,
+            response_body=b'{"choices":[{"message":{"role":"assistant","content":"ok"}}]}')
+        writer.submit(item)
+        whole += len(encode_item(item))
+    if sys.argv[2] == "commit":
+        assert writer.flush(60)
+        writer.submit(TableRow("session_windows", {"tenant": "t", "session_id": "s0", "cut": 3,
+                                                   "last_evicted": "{}", "headlines": "[]", "block": "old",
+                                                   "updated_at": utc_now()}))
+        assert writer.flush(60)
+    print(whole, flush=True)
+    sys.stdin.read()  # wait to be killed
+""")
+
+
+def run_child(archive_path: Path, mode: str) -> int:
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(archive_path), mode], cwd=ROOT, text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        line = child.stdout.readline().strip()
+        assert line.isdigit(), child.stderr.read()
+        return int(line)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+
+
+def spool_bytes(archive_path: Path) -> int:
+    return sum(p.stat().st_size for p in (archive_path.parent / "spool").glob("*.log"))
+
+
+def test_a_resent_session_is_spooled_once_and_comes_back_whole_after_kill_9(tmp_path):
+    archive_path = tmp_path / "archive.db"
+    open_database(archive_path).close()
+    blocker = Blocker(archive_path)  # nothing is committed: all there is, is the spool
+    whole = run_child(archive_path, "spool")
+    # 40 records of a growing history (~20 KB new each; the rewritten forwarded list, ~4 messages, whole)
+    assert spool_bytes(archive_path) < whole / 3
+    blocker.release()
+    ArchiveWriter(archive_path).close()  # the start replays the spool
+    reader = ArchiveReader(archive_path)
+    try:
+        rows = reader.db.conn.execute(
+            "select id, request_leaf, forwarded_leaf from exchanges order by id").fetchall()
+        assert len(rows) == 40
+        for exchange_id, request_leaf, forwarded_leaf in rows:
+            n = int(exchange_id.split("-")[1])
+            request = reader.chain(request_leaf)
+            assert len(request) == 2 * (n // 2) + 2  # its session's system prompt and turns up to n
+            assert request[-1]["content"].startswith(f"observation {n}: ")
+            assert [m["content"] for m in request[1::2]] == [
+                f"observation {k}: " + "x" * 20_000 for k in range(n % 2, n + 1, 2)]
+            forwarded = reader.chain(forwarded_leaf)
+            assert forwarded[1] == {"role": "system", "content": "summary block"}
+            assert forwarded[2:] == request[-4:]
+    finally:
+        reader.close()
+    assert not list((archive_path.parent / "spool").glob("*.log"))
+
+
+def test_records_marked_committed_are_not_written_again_over_newer_rows(tmp_path):
+    archive_path = tmp_path / "archive.db"
+    run_child(archive_path, "commit")  # committed, then killed: its spool keeps them as bases, marked
+    assert spool_bytes(archive_path) > 0
+    conn = sqlite3.connect(archive_path)
+    conn.execute("update session_windows set block = 'newer' where session_id = 's0'")
+    conn.commit()
+    conn.close()
+    ArchiveWriter(archive_path).close()
+    assert count(archive_path, "select count(*) from exchanges") == 40
+    assert count(archive_path, "select count(*) from session_windows where block = 'newer'") == 1
+
+
+def test_a_record_whose_base_is_missing_is_set_aside_not_archived_in_part(tmp_path, caplog):
+    archive_path = tmp_path / "archive.db"
+    open_database(archive_path).close()
+    history = [{"role": "user", "content": f"m{k}"} for k in range(20)]
+    spool = Spool(archive_path.parent / "spool")
+    bases = Bases()
+    payloads = [bases.encode(record(n, "s", history[:10 + n]), spool) for n in range(2)]
+    spool.close()
+    with open(archive_path.parent / "spool" / "000000000007.log", "wb") as f:
+        from proxy.spool import frame
+        f.write(frame(payloads[1]) + payloads[1])  # the second alone: relative to a record not there
+    ArchiveWriter(archive_path).close()
+    assert count(archive_path, "select count(*) from exchanges") == 0
+    assert list((archive_path.parent / "spool").glob("rejected-*.log"))
+    assert "its base record is not in the spool" in caplog.text
