@@ -93,13 +93,20 @@ def run(conversation: Conversation, context: PipelineContext) -> Outcome:
     with context.store.session(context.tenant, context.session.id, wait=context.wait) as state:
         with context.tokens.request_scope(state.counted):
             outcome = _run(conversation, context, state)
-        forget_counts(state, conversation.messages)
+        forget_counts(state, conversation.messages, outcome.tokens_before)
         return outcome
 
 
-def forget_counts(state: SessionState, messages: list[dict[str, Any]]) -> None:
+CARRY_FROM_TOKENS = 16_000  # about the body size (64 KB) from which a resent history is the same objects
+
+
+def forget_counts(state: SessionState, messages: list[dict[str, Any]], tokens: int) -> None:
     """Keep what is carried from request to request (token counts, rewritten copies) to the client's
-    messages and their copies once other objects (blocks, an edited history) outnumber them."""
+    messages and their copies once other objects (blocks, an edited history) outnumber them; nothing
+    for a short history, whose next request is parsed anew (new objects: nothing would be found)."""
+    if tokens < CARRY_FROM_TOKENS:
+        state.counted, state.rewrites = {}, {}
+        return
     counted = sum(len(by_id) for by_id in state.counted.values())
     if counted > 3 * len(messages) + 256 or len(state.rewrites) > len(messages) + 256:
         keep = {id(m) for m in messages}

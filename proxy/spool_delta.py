@@ -25,6 +25,8 @@ from proxy.spool import Spool
 
 MAX_SESSIONS = 4096  # sessions whose last spooled record is remembered as a base
 MIN_SHARED = 8  # fewer shared messages than this: spooled whole (not worth a reference)
+MIN_BASE_BYTES = 64 * 1024  # a smaller record is no base (its session's bodies are parsed anew: no
+# message is the same object next time; as wire/resent.py's MIN_BYTES)
 
 Key = tuple[str, str]  # (tenant, session id)
 
@@ -45,7 +47,8 @@ def shared(earlier: list[Any], later: list[Any]) -> int:
 class Bases:
     """The last record spooled per session (the writer's: called under its lock, before each append)."""
 
-    def __init__(self) -> None:
+    def __init__(self, min_base_bytes: int = MIN_BASE_BYTES) -> None:
+        self.min_base_bytes = min_base_bytes
         self._last: OrderedDict[Key, _Base] = OrderedDict()
 
     def encode(self, record: ExchangeRecord, spool: Spool) -> bytes:
@@ -55,18 +58,26 @@ class Bases:
         key = (record.tenant, record.session_id)
         base = self._last.pop(key, None)
         request, forwarded = record.request_messages, record.forwarded_messages
-        self._last[key] = _Base(spool.epoch, spool.records, request, forwarded)
-        if len(self._last) > MAX_SESSIONS:
-            self._last.popitem(last=False)
-        if base is None or base.epoch != spool.epoch or not isinstance(request, list):
-            return encode_item(record)
-        on_request = shared(base.request, request)
+        here = _Base(spool.epoch, spool.records, request, forwarded)
+        on_request = 0
+        if base is not None and base.epoch == spool.epoch and isinstance(request, list):
+            on_request = shared(base.request, request)
         if on_request < MIN_SHARED:
-            return encode_item(record)
+            payload = encode_item(record)
+            if len(payload) >= self.min_base_bytes:
+                self._remember(key, here)
+            return payload
+        assert base is not None  # (messages were shared with it)
         on_forwarded = -1  # forwarded unchanged (None) or spooled whole
         if isinstance(forwarded, list) and isinstance(base.forwarded, list):
             on_forwarded = shared(base.forwarded, forwarded)
+        self._remember(key, here)
         return encode_item(record, relative=(base.index, on_request, on_forwarded))
+
+    def _remember(self, key: Key, base: _Base) -> None:
+        self._last[key] = base
+        if len(self._last) > MAX_SESSIONS:
+            self._last.popitem(last=False)
 
     def unspooled(self, record: ExchangeRecord) -> None:
         """The record's append failed: it is no base."""

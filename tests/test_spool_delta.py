@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from proxy.archive import ArchiveWriter, ExchangeRecord, encode_item, open_database, utc_now
@@ -38,9 +38,9 @@ def test_every_record_comes_back_whole_from_the_spool(tmp_path_factory, steps):
     """Any mix of sessions growing, restarting (an edited history) or rewritten (forwarded lists): what
     the spool holds, made whole in file order, is each record as submitted."""
     spool = Spool(tmp_path_factory.mktemp("spool"))
-    bases = Bases()
+    bases = Bases(min_base_bytes=0)
     histories: dict[int, list[dict[str, Any]]] = {}
-    submitted = []
+    submitted, payloads = [], []
     for n, (session, grow, edit, rewrite) in enumerate(steps):
         history = histories.get(session, [])
         if edit and history:
@@ -49,9 +49,12 @@ def test_every_record_comes_back_whole_from_the_spool(tmp_path_factory, steps):
         histories[session] = history
         forwarded = [{"role": "system", "content": "block"}, *history[-3:]] if rewrite else None
         item = record(n, f"s{session}", history, forwarded)
-        spool.append(bases.encode(item, spool))
+        payloads.append(bases.encode(item, spool))
+        spool.append(payloads[-1])
         submitted.append(item)
     spool.close()
+    event("relative" if any(len(p) < len(encode_item(i)) for p, i in zip(payloads, submitted, strict=True))
+          else "whole")
     replayed: list[bytes] = []
     path = next(spool.folder.glob("*.log"))
     replay_file(path, replayed.extend, batch_items=1000, batch_bytes=1 << 30, prepare=Expander())
@@ -154,7 +157,7 @@ def test_a_record_whose_base_is_missing_is_set_aside_not_archived_in_part(tmp_pa
     open_database(archive_path).close()
     history = [{"role": "user", "content": f"m{k}"} for k in range(20)]
     spool = Spool(archive_path.parent / "spool")
-    bases = Bases()
+    bases = Bases(min_base_bytes=0)
     payloads = [bases.encode(record(n, "s", history[:10 + n]), spool) for n in range(2)]
     spool.close()
     with open(archive_path.parent / "spool" / "000000000007.log", "wb") as f:
@@ -164,3 +167,18 @@ def test_a_record_whose_base_is_missing_is_set_aside_not_archived_in_part(tmp_pa
     assert count(archive_path, "select count(*) from exchanges") == 0
     assert list((archive_path.parent / "spool").glob("rejected-*.log"))
     assert "its base record is not in the spool" in caplog.text
+
+
+def test_small_records_are_no_base(tmp_path):
+    """A session of small bodies is parsed anew every request (no shared objects): its records are not
+    kept as bases (which would only hold its messages in memory)."""
+    spool = Spool(tmp_path)
+    bases = Bases()
+    history = [{"role": "user", "content": f"m{k}"} for k in range(20)]
+    _, second = (bases.encode(record(n, "s", history[:10 + n]), spool) for n in range(2))
+    assert second == encode_item(record(1, "s", history[:11]))  # whole
+    big = [{"role": "user", "content": "x" * 70_000}, *history]
+    whole = bases.encode(record(2, "s", big[:10]), spool)
+    spool.append(whole)
+    assert len(bases.encode(record(3, "s", big[:12]), spool)) < len(whole) // 10
+    spool.close()
