@@ -22,7 +22,7 @@ DEFAULT_PATTERNS = (
 )
 HANDLE_PREFIX = "obs-"
 CHARS_PER_TOKEN = 4
-MEMO_ENTRIES = 65536  # remembered classifications and handles (a 64-bit hash collision is negligible)
+MEMO_ENTRIES = 16384  # remembered classifications and handles (~2 MB each; a 64-bit collision is negligible)
 
 
 class Observations:
