@@ -26,14 +26,25 @@ from typing import Any
 import orjson
 
 from proxy.wire import Decoded, Message
+from proxy.wire.messages_blocks import (
+    UNCACHEABLE,
+    block_text,
+    native_call,
+    native_tool,
+    neutral_call,
+    neutral_part,
+    reminder,
+    tool_content,
+)
 from proxy.wire.messages_check import validate_messages_request
 from proxy.wire.messages_rules import problems
+from proxy.wire.neutral_cache import NEUTRAL, NeutralCache
+from proxy.wire.resent import MIN_BYTES
 
 log = logging.getLogger("ctxproxy")
 
 MAX_BREAKPOINTS = 4
 SYSTEM = -1  # the `k` of the system prompt's neutral message
-UNCACHEABLE = frozenset({"thinking", "redacted_thinking"})
 
 
 @dataclass(frozen=True)
@@ -59,61 +70,6 @@ def decode(raw: bytes) -> Decoded:
                    take_over_context=encoder.take_over_context)
 
 
-def block_text(blocks: list[Any]) -> str:
-    return "\n".join(b["text"] for b in blocks if isinstance(b, dict) and isinstance(b.get("text"), str))
-
-
-def neutral_part(block: dict[str, Any]) -> dict[str, Any]:
-    """A stand-in the token counter and the layers can read (images by a fixed estimate)."""
-    kind = block.get("type")
-    if kind == "text":
-        return {"type": "text", "text": block.get("text", "")}
-    if kind in ("image", "document"):
-        return {"type": "image"}
-    if kind in UNCACHEABLE:  # thinking: its words count, its signature and data barely
-        return {"type": kind, "thinking": block.get("thinking") or block.get("data", "")[:64]}
-    return {"type": "text", "text": orjson.dumps({k: v for k, v in block.items() if k != "cache_control"})
-            .decode()}
-
-
-def tool_content(content: Any) -> Any:
-    """A tool result's neutral content: a string when it is all text (layer 1 may summarize it)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if all(isinstance(b, dict) and b.get("type") == "text" for b in content):
-        return block_text(content)
-    return [neutral_part(b) for b in content if isinstance(b, dict)]
-
-
-def neutral_call(block: dict[str, Any]) -> dict[str, Any]:
-    arguments = orjson.dumps(block.get("input", {})).decode()
-    return {"id": block.get("id"), "type": "function", "function": {"name": block.get("name"),
-                                                                    "arguments": arguments}}
-
-
-def native_call(call: dict[str, Any]) -> dict[str, Any]:
-    function = call.get("function") or {}
-    try:
-        arguments = orjson.loads(function.get("arguments") or "{}")
-    except orjson.JSONDecodeError:
-        arguments = {}
-    return {"type": "tool_use", "id": call.get("id"), "name": function.get("name"),
-            "input": arguments if isinstance(arguments, dict) else {}}
-
-
-def native_tool(spec: dict[str, Any]) -> dict[str, Any]:
-    """One of the proxy's tools (chat-shaped) in Anthropic form."""
-    function = spec.get("function") or {}
-    return {"name": function.get("name"), "description": function.get("description", ""),
-            "input_schema": function.get("parameters") or {"type": "object"}}
-
-
-def reminder(text: str) -> dict[str, Any]:
-    return {"type": "text", "text": f"<system-reminder>\n{text}\n</system-reminder>"}
-
-
 class Encoder:
     def __init__(self, body: dict[str, Any], raw: bytes = b"") -> None:
         self.body, self.raw = body, raw
@@ -133,14 +89,35 @@ class Encoder:
 
     def _decode(self) -> list[Message]:
         out: list[Message] = []
+        cache = NEUTRAL if len(self.raw) >= MIN_BYTES else None  # (a smaller body is parsed anew)
         system = self.body.get("system")
         if system:
-            text = system if isinstance(system, str) else block_text(system)
-            out.append(self._note({"role": "system", "content": text}, Origin(SYSTEM, {}, None)))
+            out.extend(self._decoded(SYSTEM, system, cache))
         for k, native in enumerate(self.body["messages"]):
             if k >= self.start:
-                out.extend(self.decode_message(k, native))
+                out.extend(self._decoded(k, native, cache) if k != self.start or not self.start
+                           else self.decode_message(k, native))  # (a compaction: decoded afresh)
         return out
+
+    def _decoded(self, k: int, native: Any, cache: NeutralCache | None) -> list[Message]:
+        """What `native` decodes to: the same neutral objects as last time it was this object here."""
+        made = cache.get(native, k) if cache is not None else None
+        if made is None:
+            if k == SYSTEM:
+                text = native if isinstance(native, str) else block_text(native)
+                neutral = [self._note({"role": "system", "content": text}, Origin(SYSTEM, {}, None))]
+            else:
+                neutral = self.decode_message(k, native)
+            if cache is not None:
+                cache.put(native, k, [(n, self.origins[id(n)]) for n in neutral])
+            return neutral
+        for message, origin in made:
+            self._note(message, origin)
+        if k != SYSTEM and native["role"] == "assistant" and isinstance(native["content"], list):
+            for block in native["content"]:
+                if block.get("type") == "tool_use":
+                    self.call_owner[str(block.get("id"))] = (k, native)
+        return [message for message, _ in made]
 
     def take_over_context(self) -> None:
         """The proxy manages context: the request's `context_management` does not go upstream."""

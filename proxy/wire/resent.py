@@ -147,7 +147,8 @@ class ResentBodies:
         if len(raw) < self.min_bytes or not self.limit_bytes or type(body.get(key)) is not list:
             return
         layout = layout_of(raw, key, len(body[key]))
-        if layout is not None and layout.ends:
+        if layout is not None and layout.ends and all(k in body for k in layout.head):
+            layout.head = {k: body[k] for k in layout.head}  # the body's own objects, as for messages
             self._keep((key, raw[:self.group_prefix]), _Body(raw, key, body, layout))
 
     def _keep(self, group: tuple[str, bytes], entry: _Body, replacing: _Body | None = None) -> None:
