@@ -15,12 +15,15 @@ results `function_call_output` items. Unknown item types and fields pass untouch
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from proxy.wire import Decoded, Message
+from proxy.wire.neutral_cache import NEUTRAL, NeutralCache
+from proxy.wire.resent import MIN_BYTES
 from proxy.wire.responses_check import validate_responses_request
 
 INSTRUCTIONS = -1
@@ -115,9 +118,14 @@ class Encoder:
 
     def _decode(self) -> list[Message]:
         out: list[Message] = []
-        if isinstance(self.body.get("instructions"), str) and self.body["instructions"]:
-            out.append(self._note({"role": "system", "content": self.body["instructions"]},
-                                  Origin(INSTRUCTIONS, ())))
+        cache = NEUTRAL if len(self.raw) >= MIN_BYTES else None  # (a smaller body is parsed anew)
+        instructions = self.body.get("instructions")
+        if isinstance(instructions, str) and instructions:
+            made = cache.get(instructions, INSTRUCTIONS) if cache is not None else None
+            system = made[0][0] if made else {"role": "system", "content": instructions}
+            out.append(self._note(system, Origin(INSTRUCTIONS, ())))
+            if cache is not None and not made:
+                cache.put(instructions, INSTRUCTIONS, [(system, None)])
         run: list[int] = []
         for k in range(self.start, len(self.items)):
             item = self.items[k]
@@ -125,12 +133,27 @@ class Encoder:
                 run.append(k)
                 continue
             if run:
-                out.append(self._assistant(run))
+                out.append(self._decoded(run, cache))
                 run = []
-            out.append(self._other(k, item))
+            out.append(self._decoded([k], cache))
         if run:
-            out.append(self._assistant(run))
+            out.append(self._decoded(run, cache))
         return out
+
+    def _decoded(self, indexes: list[int], cache: NeutralCache | None) -> Message:
+        """The neutral message of these items: the same object as last time they were these objects here
+        (a resent history, wire/neutral_cache.py)."""
+        items = tuple(self.items[k] for k in indexes)
+        made = cache.get(items[0], indexes[0]) if cache is not None else None
+        if made and len(made[0][1][1]) == len(items) and all(map(operator.is_, made[0][1][1], items)):
+            message, (origin, _) = made[0]
+            for call in message.get("tool_calls") or ():
+                self.call_owner[str(call["id"])] = origin
+            return self._note(message, origin)
+        message = self._assistant(indexes) if is_model_item(items[0]) else self._other(indexes[0], items[0])
+        if cache is not None:
+            cache.put(items[0], indexes[0], [(message, (self.origins[id(message)], items))])
+        return message
 
     def _assistant(self, indexes: list[int]) -> Message:
         items = [self.items[k] for k in indexes]

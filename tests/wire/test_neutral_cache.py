@@ -1,6 +1,6 @@
-"""Anthropic Messages: a resent history decodes to the same neutral objects (wire/neutral_cache.py), and
-what the codec does with them — the neutral conversation, a rewrite encoded back — is exactly what a fresh
-decode gives."""
+"""Anthropic Messages and OpenAI Responses: a resent history decodes to the same neutral objects
+(wire/neutral_cache.py), and what the codec does with them — the neutral conversation, a rewrite encoded
+back — is exactly what a fresh decode gives."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import orjson
 from proxy.wire.messages_format import MESSAGES
 from proxy.wire.neutral_cache import NEUTRAL
 from proxy.wire.resent import BODIES
+from proxy.wire.responses_format import RESPONSES
 
 
 def session(turns: int) -> list[dict[str, Any]]:
@@ -55,3 +56,35 @@ def test_a_resent_history_decodes_to_the_same_objects_and_encodes_the_same_bytes
     rewritten = [d.encode(replaced(d.messages), d.messages, d.tools) for d in (later, alone)]
     assert rewritten[0] == rewritten[1] != body(5)
     assert b"[summarized: call_id=toolu_0]" in rewritten[0]
+
+
+def responses_body(turns: int) -> bytes:
+    items: list[dict[str, Any]] = [{"type": "message", "role": "user",
+                                    "content": [{"type": "input_text", "text": "Fix it. " + "ctx " * 18000}]}]
+    for n in range(turns):
+        items += [{"type": "reasoning", "id": f"rs_{n}",
+                   "summary": [{"type": "summary_text", "text": "hmm"}]},
+                  {"type": "function_call", "id": f"fc_{n}", "call_id": f"call_{n}", "name": "shell",
+                   "arguments": orjson.dumps({"cmd": f"run {n}"}).decode()},
+                  {"type": "function_call_output", "call_id": f"call_{n}", "output": f"output {n} " * 300}]
+    return orjson.dumps({"model": "gpt-5", "instructions": "You are Codex.", "input": items, "store": False})
+
+
+def test_a_resent_responses_input_decodes_to_the_same_objects_and_encodes_the_same_bytes():
+    first = fresh_responses(responses_body(3))
+    later = RESPONSES.decode(responses_body(5))
+    shared = len(first.messages)
+    assert all(a is b for a, b in zip(first.messages, later.messages[:shared], strict=True))
+    alone = fresh_responses(responses_body(5))
+    assert later.messages == alone.messages
+    for decoded in (later, alone):
+        assert decoded.encode(decoded.messages, decoded.messages, decoded.tools) == responses_body(5)
+    rewritten = [d.encode(replaced(d.messages), d.messages, d.tools) for d in (later, alone)]
+    assert rewritten[0] == rewritten[1] != responses_body(5)
+    assert b"[summarized: call_id=toolu_0]" in rewritten[0]
+
+
+def fresh_responses(raw: bytes):
+    BODIES.clear()
+    NEUTRAL.clear()
+    return RESPONSES.decode(raw)
