@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import pytest
 
 from proxy.wire.messages_format import MESSAGES
 from proxy.wire.neutral_cache import NEUTRAL
@@ -26,15 +27,9 @@ def session(turns: int) -> list[dict[str, Any]]:
     return messages
 
 
-def body(turns: int) -> bytes:
+def messages_body(turns: int) -> bytes:
     return orjson.dumps({"model": "claude-sonnet-4-5", "max_tokens": 100, "system": "Be careful.",
                          "messages": session(turns)})
-
-
-def fresh(raw: bytes):
-    BODIES.clear()
-    NEUTRAL.clear()
-    return MESSAGES.decode(raw)
 
 
 def replaced(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -42,20 +37,6 @@ def replaced(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     at = next(i for i, m in enumerate(messages) if m.get("role") == "tool")
     return [*messages[:at], {**messages[at], "content": "[summarized: call_id=toolu_0] output"},
             *messages[at + 1:]]
-
-
-def test_a_resent_history_decodes_to_the_same_objects_and_encodes_the_same_bytes():
-    first = fresh(body(3))
-    later = MESSAGES.decode(body(5))  # the same session two turns on: built on the first
-    shared = len(first.messages)
-    assert all(a is b for a, b in zip(first.messages, later.messages[:shared], strict=True))
-    alone = fresh(body(5))  # the same body decoded from nothing
-    assert later.messages == alone.messages
-    for decoded in (later, alone):
-        assert decoded.encode(decoded.messages, decoded.messages, decoded.tools) == body(5)
-    rewritten = [d.encode(replaced(d.messages), d.messages, d.tools) for d in (later, alone)]
-    assert rewritten[0] == rewritten[1] != body(5)
-    assert b"[summarized: call_id=toolu_0]" in rewritten[0]
 
 
 def responses_body(turns: int) -> bytes:
@@ -70,21 +51,21 @@ def responses_body(turns: int) -> bytes:
     return orjson.dumps({"model": "gpt-5", "instructions": "You are Codex.", "input": items, "store": False})
 
 
-def test_a_resent_responses_input_decodes_to_the_same_objects_and_encodes_the_same_bytes():
-    first = fresh_responses(responses_body(3))
-    later = RESPONSES.decode(responses_body(5))
-    shared = len(first.messages)
-    assert all(a is b for a, b in zip(first.messages, later.messages[:shared], strict=True))
-    alone = fresh_responses(responses_body(5))
-    assert later.messages == alone.messages
-    for decoded in (later, alone):
-        assert decoded.encode(decoded.messages, decoded.messages, decoded.tools) == responses_body(5)
-    rewritten = [d.encode(replaced(d.messages), d.messages, d.tools) for d in (later, alone)]
-    assert rewritten[0] == rewritten[1] != responses_body(5)
-    assert b"[summarized: call_id=toolu_0]" in rewritten[0]
-
-
-def fresh_responses(raw: bytes):
+@pytest.mark.parametrize(("codec", "make"), [(MESSAGES, messages_body), (RESPONSES, responses_body)],
+                         ids=["messages", "responses"])
+def test_a_resent_history_decodes_to_the_same_objects_and_encodes_the_same_bytes(codec, make):
     BODIES.clear()
     NEUTRAL.clear()
-    return RESPONSES.decode(raw)
+    first = codec.decode(make(3))
+    later = codec.decode(make(5))  # the same session two turns on: built on the first
+    shared = len(first.messages)
+    assert all(a is b for a, b in zip(first.messages, later.messages[:shared], strict=True))
+    BODIES.clear()
+    NEUTRAL.clear()
+    alone = codec.decode(make(5))  # the same body decoded from nothing
+    assert later.messages == alone.messages
+    for decoded in (later, alone):
+        assert decoded.encode(decoded.messages, decoded.messages, decoded.tools) == make(5)
+    rewritten = [d.encode(replaced(d.messages), d.messages, d.tools) for d in (later, alone)]
+    assert rewritten[0] == rewritten[1] != make(5)
+    assert b"[summarized: call_id=toolu_0]" in rewritten[0]
