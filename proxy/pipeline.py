@@ -194,7 +194,7 @@ def slide_window(original: list[dict[str, Any]], forwarded: list[dict[str, Any]]
                  breaking: bool = False) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Evicted]]:
     """Layer 3: over the window's budget, mask old results first (placeholders naming their handles,
     the conversation itself stays); if that alone cannot reach the low-water mark, mask all that may be
-    and evict whole exchanges in the same request (see masking_target). One batch at a time, so the
+    and evict whole exchanges in the same request (see window.masking_target). One batch at a time, so the
     cached prefix survives between batches.
 
     A request that re-bills the prompt anyway (`breaking`: our tools are offered for the first time; or
@@ -231,7 +231,7 @@ def slide_window(original: list[dict[str, Any]], forwarded: list[dict[str, Any]]
         start = max(cut or 0, window.head_end(original))  # what the cut removes needs no mask
         savings = maskable(original, forwarded, state, count, keep_recent, start=start,
                            observations=observations)
-        target = masking_target(forwarded, savings, cut, total, count, budget_tokens, low_water,
+        target = window.masking_target(forwarded, savings, cut, total, count, budget_tokens, low_water,
                                 summary_tokens, fixed + block, observed, keep_from, limit, batch_above)
         if target is not None:
             forwarded, masked = prune(original, forwarded, state, context.store, count, total, target,
@@ -251,33 +251,6 @@ def slide_window(original: list[dict[str, Any]], forwarded: list[dict[str, Any]]
     if evicted:
         context.store.save_window(state)
     return original, forwarded, evicted
-
-
-def masking_target(forwarded: list[dict[str, Any]], savings: dict[int, int], cut: int | None, total: int,
-                   count: Callable[[dict[str, Any]], int], budget_tokens: int,
-                   low_water: int, summary_tokens: int, fixed: int, observed: frozenset[int],
-                   keep_from: int | None, limit: int | None, batch_above: int | None = None) -> int | None:
-    """How far to mask now, or None. Masking keeps the conversation (every assistant and user message)
-    and breaks the cache only from the first masked result on. If it alone reaches the low-water mark,
-    mask down to it; else mask all it may and evict in the same request (one cache break; the batch
-    then evicts fewer exchanges, since those it keeps are masked) — unless the two together would free
-    less than half a batch while the history is below where the gate prunes: a cache break for little
-    (when the cache breaks anyway, `batch_above` is set and that rule does not apply)."""
-    if total - sum(savings.values()) <= low_water:
-        return low_water
-    if batch_above is not None:
-        return 0
-    masked = {id(forwarded[i]): count(forwarded[i]) - saving for i, saving in savings.items()}
-
-    def count_masked(message: dict[str, Any]) -> int:
-        return masked.get(id(message)) or count(message)
-
-    plan = window.choose_cut(forwarded, count_masked, cut, fixed, budget_tokens,
-                             max(0, low_water - summary_tokens), observed, keep_from, limit)
-    after = fixed + sum(count_masked(forwarded[i]) for i in window.kept_view(forwarded, plan.cut, observed))
-    if total - after < (budget_tokens - low_water) // 2 and (limit is None or total <= limit):
-        return None
-    return 0
 
 
 def keep_evicted(original: list[dict[str, Any]], start: int, stop: int,

@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 import orjson
 
 from proxy.errors import BadRequest
-from proxy.wire.resent import BODIES, remember_checked
+from proxy.wire.resent import parsed, remember_checked
 
 MAX_DEPTH = 128  # containers, the body itself being level 1 (orjson.dumps refuses level 255)
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -30,8 +30,7 @@ _TYPE_NAMES = {dict: "an object", list: "an array", str: "a string", int: "an in
 def parse_chat_request(raw: bytes) -> dict[str, Any]:
     """The request body as a dict whose messages/tools have the shapes the proxy relies on, or BadRequest.
     A resent history is parsed and checked only past the messages an earlier body had (resent.py)."""
-    resent = BODIES.parse(raw, "messages")
-    body, known = (resent.body, resent.reused) if resent is not None else (loads(raw), 0)
+    body, known, resent = parsed(raw, "messages", loads)
     if type(body) is not dict:
         raise BadRequest("request body must be a JSON object", code="invalid_json")
     validate_chat_request(body, start=known)

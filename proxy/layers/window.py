@@ -240,3 +240,30 @@ def slide(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state
         return original, forwarded, evicted_now
     view = kept_view(original, window.cut, observed)
     return [original[i] for i in view], [forwarded[i] for i in view], evicted_now
+
+
+def masking_target(forwarded: list[dict[str, Any]], savings: dict[int, int], cut: int | None, total: int,
+                   count: Callable[[dict[str, Any]], int], budget_tokens: int,
+                   low_water: int, summary_tokens: int, fixed: int, observed: frozenset[int],
+                   keep_from: int | None, limit: int | None, batch_above: int | None = None) -> int | None:
+    """How far to mask now, or None. Masking keeps the conversation (every assistant and user message)
+    and breaks the cache only from the first masked result on. If it alone reaches the low-water mark,
+    mask down to it; else mask all it may and evict in the same request (one cache break; the batch
+    then evicts fewer exchanges, since those it keeps are masked) — unless the two together would free
+    less than half a batch while the history is below where the gate prunes: a cache break for little
+    (when the cache breaks anyway, `batch_above` is set and that rule does not apply)."""
+    if total - sum(savings.values()) <= low_water:
+        return low_water
+    if batch_above is not None:
+        return 0
+    masked = {id(forwarded[i]): count(forwarded[i]) - saving for i, saving in savings.items()}
+
+    def count_masked(message: dict[str, Any]) -> int:
+        return masked.get(id(message)) or count(message)
+
+    plan = choose_cut(forwarded, count_masked, cut, fixed, budget_tokens,
+                             max(0, low_water - summary_tokens), observed, keep_from, limit)
+    after = fixed + sum(count_masked(forwarded[i]) for i in kept_view(forwarded, plan.cut, observed))
+    if total - after < (budget_tokens - low_water) // 2 and (limit is None or total <= limit):
+        return None
+    return 0

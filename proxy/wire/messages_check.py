@@ -8,7 +8,7 @@ from typing import Any, NoReturn
 
 from proxy.errors import BadRequest
 from proxy.validate import MAX_DEPTH, loads
-from proxy.wire.resent import BODIES, remember_checked
+from proxy.wire.resent import parsed, remember_checked
 
 _NAMES = {dict: "an object", list: "an array", str: "a string", int: "an integer", float: "a number",
           bool: "a boolean", type(None): "null"}
@@ -25,8 +25,7 @@ def _expect(param: str, value: Any, kind: type, name: str) -> None:
 
 
 def validate_messages_request(raw: bytes) -> dict[str, Any]:
-    resent = BODIES.parse(raw, "messages")  # a resent history: its earlier items were checked before
-    body, known = (resent.body, resent.reused) if resent is not None else (loads(raw), 0)
+    body, known, resent = parsed(raw, "messages", loads)  # (items up to `known`: checked before)
     if type(body) is not dict:
         raise BadRequest("request body must be a JSON object", code="invalid_json")
     if "model" in body:

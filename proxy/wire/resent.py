@@ -56,8 +56,8 @@ class Resent:
 
 
 class _Body:
-    def __init__(self, raw: bytes, key: str, body: dict[str, Any], layout: _Layout) -> None:
-        self.raw, self.key, self.body, self.layout = raw, key, body, layout
+    def __init__(self, raw: bytes, body: dict[str, Any], layout: _Layout) -> None:
+        self.raw, self.body, self.layout = raw, body, layout
 
     def reusable(self, raw: bytes) -> int:
         """How many leading elements `raw` repeats byte for byte (memcmp stops at the first difference:
@@ -132,7 +132,7 @@ class ResentBodies:
             return None
         body, tail_ends = parsed
         entry = None if tail_ends is None else \
-            _Body(raw, key, body, _Layout(layout.head, layout.ends[:reused] + tail_ends))
+            _Body(raw, body, _Layout(layout.head, layout.ends[:reused] + tail_ends))
         return Resent(body, reused, group, entry, best)
 
     def keep(self, resent: Resent) -> None:
@@ -149,7 +149,7 @@ class ResentBodies:
         layout = layout_of(raw, key, len(body[key]))
         if layout is not None and layout.ends and all(k in body for k in layout.head):
             layout.head = {k: body[k] for k in layout.head}  # the body's own objects, as for messages
-            self._keep((key, raw[:self.group_prefix]), _Body(raw, key, body, layout))
+            self._keep((key, raw[:self.group_prefix]), _Body(raw, body, layout))
 
     def _keep(self, group: tuple[str, bytes], entry: _Body, replacing: _Body | None = None) -> None:
         with self._lock:
@@ -269,6 +269,13 @@ def _elements(raw: bytes, position: int) -> tuple[list[int], int] | None:
 
 
 BODIES = ResentBodies()  # one per process: the codecs are stateless, this is their shared memory
+
+
+def parsed(raw: bytes, key: str, loads: Callable[[bytes], Any]) -> tuple[Any, int, Resent | None]:
+    """(body, leading `key` elements checked in an earlier request, what to hand `remember_checked`):
+    a resent history past what is new, else `loads(raw)` whole."""
+    resent = BODIES.parse(raw, key)
+    return (resent.body, resent.reused, resent) if resent is not None else (loads(raw), 0, None)
 
 
 def remember_checked(raw: bytes, key: str, body: dict[str, Any], resent: Resent | None) -> None:
