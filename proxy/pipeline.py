@@ -29,10 +29,10 @@ from proxy.layers.tool_results import (
     EVICTED,
     Pending,
     calls_by_id,
+    found_in,
     maskable,
     pending_summaries,
     prune,
-    results,
     summarize_large,
 )
 from proxy.layers.window import Evicted
@@ -105,7 +105,7 @@ def forget_counts(state: SessionState, messages: list[dict[str, Any]], tokens: i
     messages and their copies once other objects (blocks, an edited history) outnumber them; nothing
     for a short history, whose next request is parsed anew (new objects: nothing would be found)."""
     if tokens < CARRY_FROM_TOKENS:
-        state.counted, state.rewrites = {}, {}
+        state.counted, state.rewrites, state.walks = {}, {}, {}
         return
     counted = sum(len(by_id) for by_id in state.counted.values())
     if counted > 3 * len(messages) + 256 or len(state.rewrites) > len(messages) + 256:
@@ -137,7 +137,8 @@ def _run(conversation: Conversation, context: PipelineContext, state: SessionSta
         return summarize_large(messages, state, context.store, count, layer1.threshold_tokens,
                                enabled=layer1.enabled and can_offer_tools,
                                tools_tokens=tokens.tools(conversation.tools, model),
-                               prepared=context.prepared, observations=observations, force=force)
+                               prepared=context.prepared, observations=observations, force=force,
+                               carried=None if force else state.walks)
 
     offered_before = state.internal_tools_offered
     messages = layer_one(original)
@@ -213,7 +214,7 @@ def slide_window(original: list[dict[str, Any]], forwarded: list[dict[str, Any]]
     def count(message: dict[str, Any]) -> int:
         return tokens.message(message, model)
 
-    found = list(results(original, observations))
+    found = found_in(original, observations, state.walks)
     observed = frozenset(i for i, _ in found if original[i].get("role") == "user")
     keep_recent = policy.tool_results.keep_recent
     newest = found[-keep_recent:] if keep_recent else []

@@ -85,6 +85,8 @@ class SessionState:
     # Rewritten copies of messages (summaries, placeholders) by the message, for the same reason.
     rewrites: dict[int, tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=dict, repr=False,
                                                                         compare=False)
+    # Walks over the history remembered by message object (layers/tool_results.found_in), same reason.
+    walks: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     # Requests of one session are rewritten one at a time (the pipeline runs in worker threads).
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     size: int = _SESSION_OVERHEAD  # approximate bytes held, for the store's byte budget

@@ -6,6 +6,8 @@ on every later request, so the forwarded prefix stays byte-stable for prompt cac
 
 from __future__ import annotations
 
+import bisect
+import operator
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -66,6 +68,42 @@ def results(messages: list[dict[str, Any]], observations: Observations | None,
             yield index, (handle_for(content), content)
 
 
+Found = tuple[int, tuple[str, str]]  # (index, (call id, content)) of one result
+
+
+def found_in(messages: list[dict[str, Any]], observations: Observations | None,
+             carried: dict[str, Any] | None) -> list[Found]:
+    """`results` as a list, remembered in `carried` (a session's) from request to request: a resent
+    history is the same message objects (wire/resent.py), so only what follows the part it shares with
+    the previous request is walked. Without `carried`, a plain walk."""
+    if carried is None:
+        return list(results(messages, observations))
+    first_free = task_end(messages) if observations is not None else 0
+    memo = carried.get("results")
+    shared = 0
+    if memo is not None:
+        previous, seen_observations, seen_first_free, found = memo
+        if previous is messages and seen_observations is observations:
+            return found
+        if seen_observations is observations and seen_first_free == first_free:
+            shared = shared_prefix(previous, messages)
+            found = found[:bisect.bisect_left(found, shared, key=operator.itemgetter(0))]
+    if not shared:
+        found = []
+    found = [*found, *results(messages, observations, shared)]
+    carried["results"] = (messages, observations, first_free, found)
+    return found
+
+
+def shared_prefix(previous: list[Any], messages: list[Any]) -> int:
+    """How many leading elements of the two lists are the very same objects (compared in C)."""
+    same = list(map(operator.is_, previous, messages))
+    try:
+        return same.index(False)
+    except ValueError:
+        return len(same)
+
+
 def calls_by_id(messages: list[dict[str, Any]]) -> dict[str, tuple[str, str | None]]:
     """call id -> (tool name, JSON arguments) of every assistant tool call."""
     found: dict[str, tuple[str, str | None]] = {}
@@ -86,7 +124,8 @@ def summarize_large(messages: list[dict[str, Any]], state: SessionState, store: 
                     count: Callable[[dict[str, Any]], int], threshold_tokens: int,
                     enabled: bool, tools_tokens: int = 0,
                     prepared: dict[tuple[str, str], str] | None = None,
-                    observations: Observations | None = None, force: bool = False) -> list[dict[str, Any]]:
+                    observations: Observations | None = None, force: bool = False,
+                    carried: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Re-apply every earlier decision, and summarize large results when it pays.
 
     A result sent verbatim before is in the provider's cache: replacing it later re-bills everything after
@@ -102,7 +141,7 @@ def summarize_large(messages: list[dict[str, Any]], state: SessionState, store: 
         return out  # nothing to decide and no earlier decision to re-apply: no walk over the history
     waiting: list[Waiting] = []
     calls: dict[str, tuple[str, str | None]] | None = None
-    for index, key in results(messages, observations):
+    for index, key in found_in(messages, observations, carried):
         stored = state.lookup(*key)
         if stored is None:
             message = messages[index]

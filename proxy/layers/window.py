@@ -112,10 +112,11 @@ def choose_cut(messages: list[dict[str, Any]], count: Count, previous_cut: int |
     head = head_end(messages)
     cut = previous_cut if previous_cut is not None and head <= previous_cut <= len(messages) else head
 
-    suffix = [0] * (len(messages) + 1)  # suffix[i]: tokens of messages[i:]
-    for index in range(len(messages) - 1, -1, -1):
+    # suffix[i]: tokens of messages[i:], for i from the cut on (nothing before it is looked at again)
+    suffix = [0] * (len(messages) + 1)
+    for index in range(len(messages) - 1, cut - 1, -1):
         suffix[index] = suffix[index + 1] + count(messages[index])
-    base = fixed_tokens + suffix[0] - suffix[head]
+    base = fixed_tokens + sum(map(count, messages[:head]))
 
     def kept_tokens(at: int) -> int:
         anchor = anchor_for(messages, head, at, observed)

@@ -11,7 +11,7 @@ deterministic: the same messages give the same memory and the same block, byte f
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,6 +101,21 @@ class WorkingMemory:
         return memory
 
 
+def _calls_from(messages: Sequence[Any], start: int) -> int:
+    """Where the walk must begin so that every result from `start` on finds the latest call with its id:
+    back from `start` until each of those ids was seen once (a resent history costs what is new)."""
+    missing = {m["tool_call_id"] for m in messages[start:]
+               if isinstance(m, dict) and m.get("role") == "tool" and isinstance(m.get("tool_call_id"), str)}
+    index = start
+    while index > 0 and missing:
+        index -= 1
+        message = messages[index]
+        if isinstance(message, dict) and message.get("role") == "assistant" \
+                and isinstance(message.get("tool_calls"), list):
+            missing.difference_update(c.get("id") for c in message["tool_calls"] if isinstance(c, dict))
+    return index
+
+
 def _text(content: Any) -> str:
     if isinstance(content, str):
         return content
@@ -109,14 +124,15 @@ def _text(content: Any) -> str:
     return ""
 
 
-def observe_messages(memory: WorkingMemory, messages: Iterable[Any], *,
+def observe_messages(memory: WorkingMemory, messages: Sequence[Any], *,
                      max_from_list: int = DEFAULT_MAX_FROM_LIST,
                      type_patterns: dict[str, str] | None = None, start: int = 0) -> None:
     """Feed every tool result of an OpenAI chat history to `memory`, in message order. A tool message is
     matched to the latest assistant tool call with its id (some agents reuse ids); results whose call is
     unknown are skipped, since without a tool name there is no type. Legacy `function` messages count too."""
     calls: dict[str, tuple[Any, Any]] = {}  # call id -> (tool name, arguments), checked by extract
-    for index, message in enumerate(messages):
+    for index in range(_calls_from(messages, start), len(messages)):
+        message = messages[index]
         if not isinstance(message, dict):
             continue
         role = message.get("role")

@@ -476,3 +476,51 @@ def test_saved_memories_of_the_first_format_still_load():
     saved = {"version": 1, "max_entities": 10,
              "entities": [{"id": "page-123", "name": "About Us", "type": "page"}]}
     assert WorkingMemory.from_dict(saved).render().endswith('pages:\n  - "About Us" (page-123)')
+
+
+class Seen:
+    """Records what observe_messages feeds a memory (the extracted entities, in order)."""
+
+    def __init__(self) -> None:
+        self.fed: list[list[Entity]] = []
+
+    def observe(self, entities: list[Entity]) -> None:
+        self.fed.append(list(entities))
+
+
+def fed_by_whole_walk(messages: list[dict[str, Any]], start: int) -> list[list[Entity]]:
+    """What a walk over the whole history from index 0 feeds, results before `start` skipped."""
+    calls: dict[str, tuple[Any, Any]] = {}
+    fed = []
+    for index, message in enumerate(messages):
+        if message["role"] == "assistant":
+            calls.update({c["id"]: (c["function"]["name"], c["function"]["arguments"])
+                          for c in message.get("tool_calls") or ()})
+        elif index >= start and message["role"] == "tool" and message["tool_call_id"] in calls:
+            name, arguments = calls[message["tool_call_id"]]
+            fed.append(extract(name, arguments, message["content"]))
+    return fed
+
+
+shapes = st.lists(st.tuples(st.sampled_from(["call", "tool", "user"]), st.integers(0, 3),
+                            st.sampled_from(["get_order", "get_user", "find_flight"])), max_size=14)
+
+
+@settings(max_examples=300, deadline=None)
+@given(shapes, st.integers(0, 15))
+def test_observing_from_start_feeds_what_a_whole_walk_feeds(steps: list[tuple[str, int, str]],
+                                                           start: int) -> None:
+    # Call ids are reused and results may come late: each result is typed by the latest call with its id.
+    messages: list[dict[str, Any]] = []
+    for n, (kind, call_id, tool) in enumerate(steps):
+        if kind == "call":
+            messages.append({"role": "assistant", "content": None,
+                             "tool_calls": [call(f"c{call_id}", tool, {"n": n})]})
+        elif kind == "tool":
+            messages.append({"role": "tool", "tool_call_id": f"c{call_id}",
+                             "content": dumps({"id": f"R{n}", "name": f"thing {n}"})})
+        else:
+            messages.append({"role": "user", "content": "and then?"})
+    seen = Seen()
+    observe_messages(seen, messages, start=start)  # type: ignore[arg-type]
+    assert seen.fed == fed_by_whole_walk(messages, start)
