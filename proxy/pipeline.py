@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 import uuid
 from collections import Counter
@@ -24,17 +23,8 @@ from proxy.internal_tools import client_defines_internal_name, with_internal_too
 from proxy.layers import splices, window
 from proxy.layers.folded import add_episode, apply_distilled, distill, episode_from_messages
 from proxy.layers.folded import render as render_folded
-from proxy.layers.observations import Observations, for_policy
-from proxy.layers.tool_results import (
-    EVICTED,
-    Pending,
-    calls_by_id,
-    found_in,
-    maskable,
-    pending_summaries,
-    prune,
-    summarize_large,
-)
+from proxy.layers.observations import for_policy
+from proxy.layers.tool_results import Pending, pending_summaries, summarize_large
 from proxy.layers.window import Evicted
 from proxy.layers.working_memory import WorkingMemory, observe_messages
 from proxy.pins import Pin, file_pins
@@ -43,6 +33,7 @@ from proxy.policy import LoadedPolicy, Policy
 from proxy.session import Session
 from proxy.state import SessionState, StateStore
 from proxy.tokens import TokenCounter
+from proxy.window_step import first_batch_floor, slide_window
 
 
 @dataclass
@@ -138,9 +129,12 @@ def _run(conversation: Conversation, context: PipelineContext, state: SessionSta
                                enabled=layer1.enabled and can_offer_tools,
                                tools_tokens=tokens.tools(conversation.tools, model),
                                prepared=context.prepared, observations=observations, force=force,
-                               carried=None if force else state.walks)
+                               carried=None if force else state.walks, skip_before=0 if force else doomed)
 
     offered_before = state.internal_tools_offered
+    # A first batch over a long history: what it certainly evicts needs no summary and no placeholder.
+    doomed = first_batch_floor(original, observations, state, context, model) \
+        if policy.window.enabled and can_offer_tools and state.window.cut is None else 0
     messages = layer_one(original)
     # Offering our tools changes the tools list, which leads the prompt: what an earlier request of the
     # session had cached is billed again.
@@ -149,7 +143,7 @@ def _run(conversation: Conversation, context: PipelineContext, state: SessionSta
     evicted: list[Evicted] = []
     if policy.window.enabled and can_offer_tools:
         original, messages, evicted = slide_window(original, messages, state, context, conversation,
-                                                   observations, breaking)
+                                                   observations, breaking, doomed)
         if evicted and state.pending:  # the batch re-bills the prefix anyway: waiting summaries go now
             messages = layer_one(original, force=True)  # (masks, earlier summaries re-applied as recorded)
     if evicted and policy.folded.enabled and not policy.folded.summarizer_model:
@@ -187,91 +181,6 @@ def _run(conversation: Conversation, context: PipelineContext, state: SessionSta
                    client_cached=client_cached, forwarded_cached=forwarded_cached, decided=dict(decided),
                    gate=result.gate, window=result.window, internal_tools=tools is not conversation.tools,
                    original=original, evicted=evicted, blocks=blocks)
-
-
-@telemetry.traced("ctxproxy.window")
-def slide_window(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state: SessionState,
-                 context: PipelineContext, conversation: Conversation, observations: Observations,
-                 breaking: bool = False) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Evicted]]:
-    """Layer 3: over the window's budget, mask old results first (placeholders naming their handles,
-    the conversation itself stays); if that alone cannot reach the low-water mark, mask all that may be
-    and evict whole exchanges in the same request (see window.masking_target). One batch at a time, so the
-    cached prefix survives between batches.
-
-    A request that re-bills the prompt anyway (`breaking`: our tools are offered for the first time; or
-    this batch masks) makes its batch from three quarters of the way from the low-water mark to the
-    budget on, and goes down to the low-water mark: the break at hand pays for the batch, and the next
-    break is a batch away instead of a turn or two."""
-    policy, tokens, model = context.policy.policy, context.tokens, conversation.model
-    budget_tokens = policy.window.max_tokens or math.floor(
-        policy.window.max_pct * budget.window_for(policy, model))
-    low_water = math.floor(policy.window.low_water_pct * budget_tokens)
-    early = low_water + (budget_tokens - low_water) * 3 // 4  # a batch from here when the cache breaks anyway
-    summary_tokens = min(policy.summary.max_tokens, budget_tokens * 15 // 100)
-    internal = with_internal_tools(None, read=True, recall=True) or []
-    fixed = tokens.tools([*(conversation.tools or []), *internal], model) + state.injected_tokens
-
-    def count(message: dict[str, Any]) -> int:
-        return tokens.message(message, model)
-
-    found = found_in(original, observations, state.walks)
-    observed = frozenset(i for i, _ in found if original[i].get("role") == "user")
-    keep_recent = policy.tool_results.keep_recent
-    newest = found[-keep_recent:] if keep_recent else []
-    keep_from = window.turn_start(original, newest[0][0]) if newest else None
-
-    limit = math.floor(policy.budget.prune_at_pct
-                       * budget.window_for(policy, model) / (1 + policy.budget.pad_pct)) \
-        if policy.budget.enabled else None
-    cut = window.sticky_cut(original, state, lambda t: tokens.text(t, model), context.now())
-    view = window.kept_view(original, cut, observed)
-    block = state.window.block_tokens if state.window.block else 0
-    total = fixed + block + sum(count(forwarded[i]) for i in view)
-    batch_above = early if breaking else None
-    if total > (batch_above or budget_tokens) and policy.tool_results.enabled:
-        start = max(cut or 0, window.head_end(original))  # what the cut removes needs no mask
-        savings = maskable(original, forwarded, state, count, keep_recent, start=start,
-                           observations=observations)
-        target = window.masking_target(forwarded, savings, cut, total, count, budget_tokens, low_water,
-                                summary_tokens, fixed + block, observed, keep_from, limit, batch_above)
-        if target is not None:
-            forwarded, masked = prune(original, forwarded, state, context.store, count, total, target,
-                                      keep_recent, start=start, observations=observations)
-            if masked < total:  # a break: masking all (target 0) means evicting to the low-water mark too
-                batch_above = low_water if target == 0 else early
-            total = masked
-
-    def keep(start: int, stop: int) -> dict[int, str]:
-        return keep_evicted(original, start, stop, found, state, context.store)
-
-    original, forwarded, evicted = window.slide(
-        original, forwarded, state, count, lambda t: tokens.text(t, model),
-        budget_tokens=budget_tokens, low_water_tokens=low_water, summary_tokens=summary_tokens,
-        summary=policy.summary.enabled, fixed_tokens=fixed, now=context.now(), observed=observed,
-        keep_from=keep_from, keep=keep, limit_tokens=limit, batch_above=batch_above)
-    if evicted:
-        context.store.save_window(state)
-    return original, forwarded, evicted
-
-
-def keep_evicted(original: list[dict[str, Any]], start: int, stop: int,
-                 found: list[tuple[int, tuple[str, str]]], state: SessionState,
-                 store: StateStore) -> dict[int, str]:
-    """Store every result an eviction takes out of the prompt, so read_tool_result returns it byte for
-    byte by the handle its headline names (results already replaced keep their handle)."""
-    handles: dict[int, str] = {}
-    calls: dict[str, tuple[str, str | None]] | None = None
-    for index, (call_id, content) in found:
-        if not start <= index < stop:
-            continue
-        stored = state.lookup(call_id, content)
-        if stored is None:
-            calls = calls if calls is not None else calls_by_id(original)
-            waiting = state.pending.pop((call_id, content), None)
-            stored = store.record(state, call_id, content, calls.get(call_id, (None, None))[0], "", EVICTED,
-                                  handle=waiting[0] if waiting else None)
-        handles[index] = stored.handle
-    return handles
 
 
 @telemetry.traced("ctxproxy.blocks")

@@ -128,10 +128,13 @@ def _result_details(content: str, shown: str) -> tuple[list[str], list[str]]:
 
 
 def headline(messages: list[dict[str, Any]], at: float, count: Count, *,
-             handles: Mapping[int, str] | None = None, observation: Observation | None = None) -> Headline:
+             handles: Mapping[int, str] | None = None, observation: Observation | None = None,
+             details: bool = True) -> Headline:
     """What the user said, what was done (with its arguments), what each result produced and the handle
     that reads it back, how it ended, and its size. `handles` maps an index in `messages` to the handle
-    `read_tool_result` takes; `observation(message)` says a user message is environment output."""
+    `read_tool_result` takes; `observation(message)` says a user message is environment output. Without
+    `details`, the ids, paths and error lines of results are left out (an entry that will never be shown
+    in full: see render)."""
     handles = handles or {}
     first = messages[0] if messages else {}
     said = ""
@@ -169,7 +172,9 @@ def headline(messages: list[dict[str, Any]], at: float, count: Count, *,
                 steps.append(target)
             if role == "user":
                 open_command = None
-            target["found"], target["errors"] = _result_details(_text(message.get("content")), target["do"])
+            if details:
+                target["found"], target["errors"] = _result_details(_text(message.get("content")),
+                                                                    target["do"])
             target["handle"] = handles.get(index, "")
     asked = _first_line(said) if said else clip(steps[0]["do"], SNIPPET) if steps else "(continued)"
     tools = ", ".join(f"{name} x{n}" if n > 1 else name for name, n in calls.items())
@@ -230,6 +235,12 @@ def _line(entry: Headline, level: int) -> str:
     if level == FULL and entry.outcome and not entry.model_line:
         parts.append(f"→ {entry.outcome}")
     return f"- ({when}, {size}) " + " · ".join(parts)
+
+
+def full_line_tokens(entry: Headline, count_text: Callable[[str], int]) -> int:
+    """What the entry's line costs with every detail (render sheds details from the oldest entries first,
+    so an entry older than entries whose full lines alone fill the budget is never shown in full)."""
+    return count_text(_line(entry, FULL)) + 1
 
 
 def render(entries: list[Headline], now: float, max_tokens: int, count_text: Callable[[str], int]) -> str:

@@ -125,7 +125,7 @@ def summarize_large(messages: list[dict[str, Any]], state: SessionState, store: 
                     enabled: bool, tools_tokens: int = 0,
                     prepared: dict[tuple[str, str], str] | None = None,
                     observations: Observations | None = None, force: bool = False,
-                    carried: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+                    carried: dict[str, Any] | None = None, skip_before: int = 0) -> list[dict[str, Any]]:
     """Re-apply every earlier decision, and summarize large results when it pays.
 
     A result sent verbatim before is in the provider's cache: replacing it later re-bills everything after
@@ -134,7 +134,8 @@ def summarize_large(messages: list[dict[str, Any]], state: SessionState, store: 
     summary (computed once, kept in `state.pending`) waits until it pays: a new result is replaced at once
     when the tools are offered already; the first replacement waits until the summaries together save
     more than re-billing costs; older ones wait for the next eviction batch (`force`), which re-bills
-    the prefix anyway. `tools_tokens` is the client's tools schema.
+    the prefix anyway. `tools_tokens` is the client's tools schema. Results before `skip_before` leave
+    the prompt in this request (window.first_batch_floor): no decision is made for them.
     """
     out = messages
     if not enabled and not state.by_key:
@@ -145,7 +146,7 @@ def summarize_large(messages: list[dict[str, Any]], state: SessionState, store: 
         stored = state.lookup(*key)
         if stored is None:
             message = messages[index]
-            if not enabled or key in state.kept or count(message) <= threshold_tokens:
+            if index < skip_before or not enabled or key in state.kept or count(message) <= threshold_tokens:
                 continue
             calls = calls if calls is not None else calls_by_id(messages)
             tool, arguments = calls.get(key[0], (None, None))  # (an observation's obs- id names no call)

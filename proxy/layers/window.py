@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from proxy.layers.auto_summary import Count, Headline, headline, render
+from proxy.layers.auto_summary import Count, Headline, full_line_tokens, headline, render
 from proxy.layers.observations import task_end
 
 if TYPE_CHECKING:
@@ -152,6 +152,36 @@ def choose_cut(messages: list[dict[str, Any]], count: Count, previous_cut: int |
     return Eviction(head, best, cut)
 
 
+def first_batch_floor(messages: list[dict[str, Any]], found: list[tuple[int, Any]], count: Count,
+                      over_tokens: int, low_water_tokens: int, keep_recent: int) -> int:
+    """Where a first batch (no cut yet) certainly cuts at least, or the head when it may not cut at all.
+
+    Counting every result at nothing (whatever layer 1 or masking would make of it, it is at least that)
+    and everything else exactly: when even that is over `over_tokens` (the budget, and where the gate
+    prunes), a batch is certain, and it passes every cut where the rest is still above the low-water
+    mark. So the messages before that need no summary and no placeholder: they leave in this request."""
+    head = head_end(messages)
+    results = {index for index, _ in found}
+    least = [0 if index in results else count(message) for index, message in enumerate(messages)]
+    if sum(least) <= over_tokens:
+        return head
+    observed = frozenset(i for i in results if messages[i].get("role") == "user")
+    protect_from = in_progress_start(messages, head, observed)
+    newest = [index for index, _ in found[-keep_recent:]] if keep_recent else []
+    if newest:
+        protect_from = min(protect_from, turn_start(messages, newest[0]))
+    kept = sum(least)
+    floor = head
+    for candidate in valid_cuts(messages, head, protect_from):
+        if candidate <= head:
+            continue
+        kept -= sum(least[floor:candidate])
+        floor = candidate
+        if kept <= low_water_tokens:
+            break
+    return floor
+
+
 def in_progress_turn(messages: list[dict[str, Any]], head: int) -> int:
     """Start of the newest turn (the last place history may be cut at all)."""
     cuts = valid_cuts(messages, head, len(messages))
@@ -226,14 +256,22 @@ def slide(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state
                           batch_above)
     evicted_now: list[Evicted] = []
     if eviction.cut > eviction.new_from:
-        for start, stop in exchanges(original, eviction.new_from, eviction.cut, observed):
-            handles = keep(start, stop) if keep else {}
+        spans = exchanges(original, eviction.new_from, eviction.cut, observed)
+        kept = [keep(start, stop) if keep else {} for start, stop in spans]
+        # Newest first: once the full lines of newer entries fill the block, older ones are never shown
+        # in full, so their results are not searched for ids and errors (a first batch of hundreds).
+        full_tokens = 0
+        for (start, stop), handles in reversed(list(zip(spans, kept, strict=True))):
             outputs = frozenset(id(original[i]) for i in range(start, stop) if i in observed)
             entry = headline(original[start:stop], window.first_seen[start], count,
                              handles={i - start: h for i, h in handles.items()},
-                             observation=functools.partial(_is_among, outputs))
-            window.headlines.append(entry)
+                             observation=functools.partial(_is_among, outputs),
+                             details=full_tokens <= summary_tokens)
+            if full_tokens <= summary_tokens:
+                full_tokens += full_line_tokens(entry, count_text)
             evicted_now.append((entry, original[start:stop]))
+        evicted_now.reverse()
+        window.headlines.extend(entry for entry, _ in evicted_now)
         window.block = render(window.headlines, now, summary_tokens, count_text) if summary else None
         window.block_tokens = count_text(window.block) if window.block else 0
         window.cut, window.last_evicted = eviction.cut, original[eviction.cut - 1]

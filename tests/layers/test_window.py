@@ -1,0 +1,132 @@
+"""The first sight of a long history (issue 14): the window's first batch skips what it certainly evicts —
+no summary, no placeholder, no search of results for headline details never shown — and forwards exactly
+what it would have forwarded doing all of that."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+from unittest import mock
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from proxy import pipeline, window_step
+from proxy.layers import auto_summary, tool_results, window
+from proxy.policy import LoadedPolicy, Policy
+from proxy.session import Session
+from proxy.state import StateStore
+from proxy.tokens import TokenCounter
+from tests.strategies import CLIENT_TOOLS, conversation
+
+TOKENS = TokenCounter()
+MODEL = "gpt-4o"
+
+
+def clock() -> float:
+    return 1_760_000_000.0
+
+
+@st.composite
+def long_conversation(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """Agent turns with something to say, results small or large, compressible (a summary halves them)
+    or not, some answered by the user in words: long enough for a first sight to evict most of it."""
+    messages = draw(conversation(max_turns=3))[:-1]
+    for n in range(draw(st.integers(5, 40))):
+        if draw(st.integers(0, 5)) == 0:
+            messages.append({"role": "user", "content": f"Also check item {n}, please."})
+        thought = f"Step {n}: the failure points at the parser; I run it again. " * draw(st.integers(1, 6))
+        messages.append({"role": "assistant", "content": thought, "tool_calls": [
+            {"id": f"call_{n}", "type": "function", "function": {"name": "run", "arguments": '{"x": 1}'}}]})
+        size = draw(st.sampled_from([2, 40, 150]))
+        if draw(st.booleans()):  # a log a summary compresses
+            content = "\n".join(f"INFO worker {k % 3} processed ok" for k in range(size)) + f"\nid ord_{n}"
+        else:  # ids and paths on every line: a summary would keep nearly all of it
+            content = "\n".join(f"src/mod_{n}/f_{k}.py:{k}: ValueError in ord_{n}_{k}" for k in range(size))
+        messages.append({"role": "tool", "tool_call_id": f"call_{n}", "content": content})
+    messages.append({"role": "user", "content": "and now?"})
+    return messages
+
+
+def policy(window_tokens: int, summary_tokens: int = 10_000) -> LoadedPolicy:
+    return LoadedPolicy("t", Policy.model_validate({
+        "tool_results": {"threshold_tokens": 120}, "budget": {"max_input_tokens": window_tokens},
+        "summary": {"max_tokens": summary_tokens}}), None)
+
+
+Seen = tuple[pipeline.Outcome, str | None]  # what was forwarded, and the auto-summary block
+
+
+def first_sight(messages: list[dict[str, Any]], loaded: LoadedPolicy) -> Seen:
+    store = StateStore()
+    context = pipeline.PipelineContext(loaded, Session("s1", "header"), "tenant-a", TOKENS, store, now=clock)
+    outcome = pipeline.run(pipeline.Conversation(MODEL, copy.deepcopy(messages), CLIENT_TOOLS), context)
+    return outcome, store.get("tenant-a", "s1").window.block
+
+
+def without_shortcuts(messages: list[dict[str, Any]], loaded: LoadedPolicy) -> Seen:
+    """The same request with every result decided and every headline searched in full."""
+    with mock.patch.object(pipeline, "first_batch_floor", return_value=0), \
+            mock.patch.object(window, "full_line_tokens", return_value=0):
+        return first_sight(messages, loaded)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.data_too_large])
+@given(messages=long_conversation(), window_tokens=st.sampled_from([1000, 2000, 4000, 8000]),
+       summary_tokens=st.sampled_from([60, 400, 10_000]))
+def test_a_first_batch_forwards_what_deciding_everything_would(
+        messages: list[dict[str, Any]], window_tokens: int, summary_tokens: int) -> None:
+    loaded = policy(window_tokens, summary_tokens)
+    try:
+        fast, fast_block = first_sight(messages, loaded)
+    except Exception as refused:  # a refusal must be the same refusal
+        try:
+            without_shortcuts(messages, loaded)
+        except Exception as also:
+            assert type(also) is type(refused)
+            return
+        raise
+    slow, slow_block = without_shortcuts(messages, loaded)
+    assert fast.messages == slow.messages
+    assert fast.tools == slow.tools and fast.tokens_after == slow.tokens_after and fast.gate == slow.gate
+    assert fast_block == slow_block
+
+
+def floor_of(messages: list[dict[str, Any]], loaded: LoadedPolicy) -> int:
+    budget_tokens, low_water, limit = window_step.window_sizes(loaded.policy, MODEL)
+    found = [(i, None) for i, m in enumerate(messages) if m["role"] == "tool"]
+    return window.first_batch_floor(messages, found, lambda m: TOKENS.message(m, MODEL),
+                                    max(budget_tokens, limit or 0), low_water, 3)
+
+
+def long_history(turns: int) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are an agent."},
+                                      {"role": "user", "content": "fix the bug"}]
+    for n in range(turns):
+        thought = f"Step {n}: the failure in ord_{n} points at the parser; next I run it again. " * 4
+        messages.append({"role": "assistant", "content": thought, "tool_calls": [
+            {"id": f"call_{n}", "type": "function", "function": {"name": "run", "arguments": '{"x": 1}'}}]})
+        lines = "\n".join(f"src/mod_{n}/file_{k}.py:{k}: ValueError in ord_{n}_{k}" for k in range(60))
+        messages.append({"role": "tool", "tool_call_id": f"call_{n}", "content": lines})
+    messages.append({"role": "user", "content": "and now?"})
+    return messages
+
+
+def test_a_long_first_sight_skips_what_it_evicts() -> None:
+    messages = long_history(120)
+    loaded = policy(8_000, summary_tokens=300)
+    counted = mock.MagicMock(wraps=auto_summary._result_details)
+    summarized = mock.MagicMock(wraps=tool_results.summarize)
+    with mock.patch.object(auto_summary, "_result_details", counted), \
+            mock.patch("proxy.layers.tool_results.summarize", summarized):
+        outcome, block = first_sight(messages, loaded)
+    floor = floor_of(messages, loaded)
+    assert floor > 60 and len(outcome.evicted) > 100  # the floor is far in, most of the history leaves
+    past_floor = sum(1 for i, m in enumerate(messages) if m["role"] == "tool" and i >= floor)
+    assert summarized.call_count <= past_floor < 60  # only results past the floor were summarized (of 120)
+    assert counted.call_count < 20  # only the newest headlines, which the block shows in full, searched
+    slow, slow_block = without_shortcuts(messages, loaded)
+    assert outcome.messages == slow.messages and block == slow_block
+
+
