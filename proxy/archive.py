@@ -75,6 +75,10 @@ BATCH_MAX = 256  # items per transaction
 BATCH_BYTES = 32 * 1024 * 1024  # serialized bytes per transaction (one bigger item still goes alone)
 QUEUE_BYTES = 64 * 1024 * 1024  # `submit` blocks while more than this waits to be committed
 TRIM_AFTER_BYTES = 8 * 1024 * 1024  # after committing a batch this large, return free heap to the OS
+# At low load a short batch waits this long for company: one transaction for several exchanges instead of
+# one each (every record is durable in the spool already); a flush, a close or a full batch cut it short.
+LINGER_S = 0.02
+LINGER_ITEMS = 16
 RETRY_FOR = 300.0  # seconds of an unavailable database before warnings turn into errors (or a start fails)
 
 
@@ -102,10 +106,11 @@ class ArchiveWriter:
                  busy_timeout: float = 30.0, chain_cache_bytes: int = CHAIN_CACHE_BYTES,
                  pricing: Pricing | None = None,
                  on_exchange: Callable[[list[dict[str, Any]]], None] | None = None,
-                 target: Callable[[], WriteTarget] | None = None) -> None:
+                 target: Callable[[], WriteTarget] | None = None, linger_s: float = LINGER_S) -> None:
         """`path`: the SQLite archive, whose folder is the data dir (spool, lock); `target`: opens
         another database to commit to instead (PostgreSQL), `path` then only places the data dir."""
         self.path = path
+        self.linger_s = linger_s
         self.data_dir = path.parent
         self.max_queued_bytes = max_queued_bytes
         self.retry_for = retry_for
@@ -119,6 +124,7 @@ class ArchiveWriter:
             self._queued_bytes = 0
             self._submitted = 0  # sequence number of the last item queued
             self._done = 0  # every item up to this sequence number is committed (or set aside)
+            self._wanted = 0  # a flush waits for every item up to this one: no lingering
             self._stopping = False
             self._closed = False
             self._starting = True  # replaying the spool: an unavailable database fails the start
@@ -197,7 +203,8 @@ class ArchiveWriter:
     def flush(self, timeout: float = 30.0) -> bool:
         """Block until everything submitted so far is committed (for shutdown, the CLI and tests)."""
         with self._cond:
-            target = self._submitted
+            target = self._wanted = self._submitted
+            self._cond.notify_all()
             return self._cond.wait_for(lambda: self._done >= target, timeout)
 
     def close(self, timeout: float = 120.0) -> None:
@@ -227,6 +234,7 @@ class ArchiveWriter:
             with self._cond:
                 while not self._queue and not self._stopping:
                     self._cond.wait()
+                self._linger()
                 if not self._queue:
                     self._closed = True  # later submits go to their own spool file
                     self._cond.notify_all()
@@ -255,6 +263,13 @@ class ArchiveWriter:
                     except OSError as exc:
                         log.warning("archive: could not trim the spool: %s", exc)
                 self._cond.notify_all()
+
+    def _linger(self) -> None:
+        """(Holding the lock.) Give a short queue `linger_s` to grow before it is committed."""
+        deadline = time.monotonic() + self.linger_s
+        while (self._queue and len(self._queue) < LINGER_ITEMS and not self._stopping and self.has_room
+               and self._wanted <= self._done and (left := deadline - time.monotonic()) > 0):
+            self._cond.wait(left)
 
     def _replay(self, files: list[Path]) -> None:
         """Write what an earlier run left in the spool (idempotent, in order), before any new work.

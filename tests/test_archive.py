@@ -191,3 +191,24 @@ def test_cached_sessions_still_reuse_their_prefix(tmp_path, monkeypatch):
     assert writer.flush(30)
     assert len(hashed) == 11
     writer.close()
+
+
+def test_a_quiet_writer_commits_a_few_exchanges_in_one_transaction_and_a_flush_does_not_wait(tmp_path):
+    # A linger far longer than the test: only the flush can end it, so the three are committed together.
+    writer = ArchiveWriter(tmp_path / "archive.db", linger_s=600)
+    transactions: list[int] = []
+    original = writer._target.transaction
+
+    def counted(work, *, records, **kwargs):  # type: ignore[no-untyped-def]
+        transactions.append(records)
+        return original(work, records=records, **kwargs)
+
+    writer._target.transaction = counted  # type: ignore[method-assign]
+    for session in ("s1", "s2", "s3"):
+        writer.submit(_turn(session, 1, 100))
+    assert writer.flush(timeout=30)  # would time out if the flush waited out the linger
+    assert transactions == [3]
+    writer.close()
+    reader = ArchiveReader(tmp_path / "archive.db")
+    assert next(reader.db.query("select count(*) as n from exchanges"))["n"] == 3
+    reader.close()
