@@ -150,7 +150,7 @@ async def converse(request: Request, wire: WireFormat) -> Response:
     if decoded.native_state:
         ours["x-ctxproxy-state"] = "provider"  # history held upstream: recorded, not rewritten
     headers = upstream.request_headers(request.headers, identity=True)
-    query = request.url.query.encode()
+    query = request.scope.get("query_string", b"")
     rc = rounds_context(state, request, wire, decoded, outcome, context, headers, content)
 
     sent_at: float | None = None  # a plain stream: when it was sent (its record is made once it answers)
@@ -264,7 +264,7 @@ def rounds_context(state: ProxyState, request: Request, wire: WireFormat, decode
 
     return rounds.RoundsContext(
         upstream=state.upstreams[wire.name], wire=wire, decoded=decoded, path=wire.upstream_path,
-        query=request.url.query.encode(), headers=headers,
+        query=request.scope.get("query_string", b""), headers=headers,
         original=outcome.original or decoded.messages, forwarded=outcome.messages, tools=outcome.tools,
         first_content=content,
         tool_context=ToolContext(state.store, context.tenant, context.session.id, layer1.read_page_chars,

@@ -85,7 +85,8 @@ async def passthrough(request: Request) -> Response:
     content = request.stream() if has_body else None
     started = time.perf_counter()
     try:
-        response = await upstream.open(request.method, path, request.url.query.encode(), headers, content)
+        query = request.scope.get("query_string", b"")  # (the raw bytes: no URL object built)
+        response = await upstream.open(request.method, path, query, headers, content)
     except ClientDisconnect:
         return Response(status_code=499)
     except CtxProxyError as exc:
