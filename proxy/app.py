@@ -105,7 +105,7 @@ async def converse(request: Request, wire: WireFormat) -> Response:
     state: ProxyState = request.app.state.proxy
     policy = select_policy(request, state.policies)
     raw = await read_body(request, state.config.server)
-    decoded = await off_loop_if_large(len(raw), wire.decode, raw)
+    decoded = await off_loop_if_large(wire.fresh_bytes(raw), wire.decode, raw)
     tenant, session = identify(request.headers, decoded.session_body)  # keyless: a tenant per session
     upstream = state.upstreams[wire.name]
     if (window := wire.window(request.headers)) is not None:

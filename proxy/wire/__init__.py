@@ -61,6 +61,8 @@ class WireFormat(Protocol):
     @property
     def done_markers(self) -> tuple[bytes, ...]: ...  # an event with one ends a stream (held till archived)
 
+    def fresh_bytes(self, raw: bytes) -> int: ...  # about how much a decode of `raw` works through
+
     def decode(self, raw: bytes) -> Decoded: ...
 
     def read_answer(self, payload: bytes) -> tuple[dict[str, Any] | None, str]: ...

@@ -13,6 +13,7 @@ from proxy import commands, faults, round_stream, validate
 from proxy.errors import CtxProxyError
 from proxy.upstream_response import UpstreamResponse
 from proxy.wire import Decoded, Message, Turn
+from proxy.wire.resent import BODIES
 
 if TYPE_CHECKING:
     from proxy.rounds import RoundsContext
@@ -24,6 +25,9 @@ class ChatFormat:
     upstream_path = "/chat/completions"
     answer_kind = "chat completion"
     done_markers = (b"data: [DONE]", b'data: {"error"')
+
+    def fresh_bytes(self, raw: bytes) -> int:
+        return BODIES.fresh_bytes(raw, "messages")  # (a resent history: only what is new is parsed)
 
     def decode(self, raw: bytes) -> Decoded:
         body = validate.parse_chat_request(raw)

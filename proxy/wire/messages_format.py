@@ -55,6 +55,9 @@ class MessagesFormat:
     answer_kind = "Messages API message"
     done_markers = (b"event: message_stop", b"event: error")
 
+    def fresh_bytes(self, raw: bytes) -> int:
+        return len(raw)  # every native item is looked up or converted: work in proportion to the whole
+
     def decode(self, raw: bytes) -> Decoded:
         return decode(raw)
 

@@ -110,6 +110,19 @@ class ResentBodies:
         self._bytes = 0
         self._lock = threading.Lock()
 
+    def fresh_bytes(self, raw: bytes, key: str) -> int:
+        """How many bytes of `raw` a parse would read anew: past the longest run of whole `key` elements an
+        earlier body repeats (a few memcmp calls; all of them when none does)."""
+        if len(raw) < self.min_bytes or not self.limit_bytes:
+            return len(raw)
+        with self._lock:
+            candidates = list(self._groups.get((key, raw[:self.group_prefix]), ()))
+        shared = 0
+        for candidate in candidates:
+            if count := candidate.reusable(raw):
+                shared = max(shared, candidate.layout.ends[count - 1])
+        return len(raw) - shared
+
     def parse(self, raw: bytes, key: str) -> Resent | None:
         """The body of `raw` when an earlier body shares a prefix of whole `key` elements with it; None
         when none does (parse it whole, check it, then `remember` it). Check the new elements, then

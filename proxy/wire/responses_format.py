@@ -53,6 +53,9 @@ class ResponsesFormat:
     done_markers = (b"event: response.completed", b"event: response.incomplete", b"event: response.failed",
                     b"event: error")
 
+    def fresh_bytes(self, raw: bytes) -> int:
+        return len(raw)  # every native item is looked up or converted: work in proportion to the whole
+
     def decode(self, raw: bytes) -> Decoded:
         return decode(raw)
 

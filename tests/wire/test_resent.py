@@ -146,3 +146,17 @@ def test_only_checked_bodies_are_built_on() -> None:
     assert got is not None and got.reused == 1  # not kept: the caller's check failed
     again = cache.parse(orjson.dumps({"messages": [*good, {"role": 5}, {"role": "user"}]}), "messages")
     assert again is not None and again.reused == 1  # built on the checked body, not on the bad one
+
+
+def test_fresh_bytes_are_what_a_resend_adds() -> None:
+    cache = ResentBodies(min_bytes=0, group_prefix=1)
+    history = [{"role": "user", "content": f"message {n} " + "x" * 500} for n in range(20)]
+    first = orjson.dumps({"model": "m", "messages": history})
+    assert cache.fresh_bytes(first, "messages") == len(first)  # nothing remembered yet
+    cache.remember(first, "messages", orjson.loads(first))
+    second = orjson.dumps({"model": "m", "messages": [*history, {"role": "user", "content": "new"}]})
+    shared = len(orjson.dumps({"model": "m", "messages": history})) - len("]}")  # up to the last message
+    assert cache.fresh_bytes(second, "messages") == len(second) - shared < 60
+    other = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "another session"}]})
+    assert cache.fresh_bytes(other, "messages") == len(other)
+    assert ResentBodies(limit_bytes=0).fresh_bytes(second, "messages") == len(second)  # cache off
