@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.summarize import detect_kind, gist, summarize
+from proxy.summarize.detect import C_FN_RE, DEF_RE, _is_def
 
 ROOT = Path(__file__).resolve().parent.parent
 NUMBERED = re.compile(r"^\s*L(\d+): (.*)$")
@@ -452,3 +453,16 @@ def test_gist_is_one_short_line_for_every_kind():
         assert len(g) <= 120 and len(g.splitlines()) == 1, g
         if expected is not None:
             assert g == expected
+
+
+DEF_PIECES = ["export ", "default ", "async ", "function ", "abstract ", "class ", "declare ", "interface ",
+              "enum ", "type ", "impl", "func ", "pub ", "pub(crate) ", "unsafe ", "const ", 'extern "C" ',
+              "fn ", "struct ", "trait ", "mod ", "module ", "let ", "var ", "public ", "static ", "record ",
+              "typedef ", "def ", "int ", "main", "Foo", "<T>", "(", ")", "(int a, char *b)", " {", ";",
+              " = ", "=> ", "x", "  ", "\t", "if ", "return ", "void ", "*", "&", ":", "~Bar", "functional "]
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.lists(st.sampled_from(DEF_PIECES), max_size=8).map("".join))
+def test_the_definition_test_takes_its_shortcut_without_changing_its_answer(line: str) -> None:
+    assert _is_def(line) == bool(DEF_RE.match(line[:300]) or C_FN_RE.match(line[:300]))

@@ -30,6 +30,10 @@ DEF_RE = re.compile(
     r"(?:[\w<>\[\],.?]+\s+)*\w+\s*\(|(?:(?:public|private|protected|static|final|abstract|sealed)\s+)*"
     r"(?:class|interface|enum|record)\s+\w|(?:typedef\s+)?(?:struct|union|enum)\s+\w+\s*\{?\s*$"
     r"|(?:async\s+)?def\s+\w)")
+DEF_WORDS_RE = re.compile(
+    r"\s*(?:export|default|async|function|abstract|class|declare|interface|enum|namespace|type|impl|func|pub"
+    r"|unsafe|const|extern|fn|struct|trait|mod|union|module|let|var|public|private|protected|internal"
+    r"|static|final|override|virtual|sealed|record|typedef|def)\b")
 # C-like "type name(args) {" at column 0 (input cut to 300 chars first, so backtracking stays cheap).
 C_FN_RE = re.compile(r"(?!(?:if|for|while|switch|return|else|do|case)\b)[A-Za-z_][\w*&:<>, ]*[ *&]"
                      r"[A-Za-z_~][\w:~]*\s*\([^;]*\)\s*(?:const\s*)?\{?\s*$")
@@ -60,7 +64,10 @@ def _strip_gutter(lines: list[str]) -> tuple[list[str], int]:
 
 
 def _is_def(line: str) -> bool:
-    return bool(DEF_RE.match(line[:300]) or C_FN_RE.match(line[:300]))
+    head = line[:300]
+    # Cheap necessary conditions first: every DEF_RE branch opens with one of DEF_WORDS, and a C-like
+    # signature has its parentheses.
+    return bool((DEF_WORDS_RE.match(head) and DEF_RE.match(head)) or ("(" in head and C_FN_RE.match(head)))
 
 
 def _analyze(text: str, tool_name: str | None = None) -> _Analysis:
@@ -89,8 +96,9 @@ def _analyze(text: str, tool_name: str | None = None) -> _Analysis:
         kind = "log"
     elif len(sample) >= 3 and not (tool_name and SHELL_RE.search(tool_name)):
         # Shell output is a log even with braces in it; a .py read through a shell already hit "python".
-        defs = sum(map(_is_def, sample))
-        code = sum(bool(CODE_LINE_RE.search(c[:300])) or _is_def(c) for c in sample)
+        is_def = list(map(_is_def, sample))  # (once a line: both counts use it)
+        defs = sum(is_def)
+        code = sum(d or bool(CODE_LINE_RE.search(c[:300])) for c, d in zip(sample, is_def, strict=True))
         kind = "code" if (code * 10 >= n * 4 and defs) or code * 10 >= n * 6 else kind
     if kind == "text" and sample and sum(bool(ERR_RE.search(c)) for c in sample) * 5 >= n:
         kind = "log"
