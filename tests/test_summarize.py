@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.summarize import detect_kind, gist, summarize
-from proxy.summarize.detect import C_FN_RE, DEF_RE, _is_def
+from proxy.summarize.detect import C_FN_RE, DEF_RE, LEVEL_RE, TS_RE, _is_def, _is_log_line
 
 ROOT = Path(__file__).resolve().parent.parent
 NUMBERED = re.compile(r"^\s*L(\d+): (.*)$")
@@ -466,3 +466,13 @@ DEF_PIECES = ["export ", "default ", "async ", "function ", "abstract ", "class 
 @given(st.lists(st.sampled_from(DEF_PIECES), max_size=8).map("".join))
 def test_the_definition_test_takes_its_shortcut_without_changing_its_answer(line: str) -> None:
     assert _is_def(line) == bool(DEF_RE.match(line[:300]) or C_FN_RE.match(line[:300]))
+
+
+LOG_PIECES = ["2024-01-02 ", "2024-01-02T", "12:30", ":45", " INFO ", "info", "WARN", "Warning", "level=",
+              "level: ", "Level=", "ERROR", " x", "É", "ß", "abc", "[", "]", "\t", ": ", "DEBUG:", "levels"]
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.lists(st.sampled_from(LOG_PIECES), max_size=10).map("".join))
+def test_the_log_line_test_takes_its_shortcut_without_changing_its_answer(line: str) -> None:
+    assert _is_log_line(line) == bool(TS_RE.search(line[:40]) or LEVEL_RE.search(line[:80]))

@@ -70,6 +70,14 @@ def _is_def(line: str) -> bool:
     return bool((DEF_WORDS_RE.match(head) and DEF_RE.match(head)) or ("(" in head and C_FN_RE.match(head)))
 
 
+def _is_log_line(line: str) -> bool:
+    """A timestamp or a level at the start (each test only past what its regex cannot match without:
+    a colon in the time; an upper-case letter or `level` for the level)."""
+    head = line[:80]
+    return bool((":" in head[:40] and TS_RE.search(head[:40]))
+                or ((head != head.lower() or "level" in head) and LEVEL_RE.search(head)))
+
+
 def _analyze(text: str, tool_name: str | None = None) -> _Analysis:
     lines, stripped, json_error = text.splitlines(), text.strip(), ""
     if stripped[:1] in ("{", "["):
@@ -92,7 +100,7 @@ def _analyze(text: str, tool_name: str | None = None) -> _Analysis:
         pass
     sample = [c for c in content[:SCAN_LINES] if c.strip()]
     n, kind = max(len(sample), 1), "text"
-    if sum(bool(TS_RE.search(c[:40]) or LEVEL_RE.search(c[:80])) for c in sample) * 10 >= n * 3:
+    if sum(map(_is_log_line, sample)) * 10 >= n * 3:
         kind = "log"
     elif len(sample) >= 3 and not (tool_name and SHELL_RE.search(tool_name)):
         # Shell output is a log even with braces in it; a .py read through a shell already hit "python".
