@@ -46,6 +46,27 @@ def conversation(draw: st.DrawFn, max_turns: int = 6) -> list[dict[str, Any]]:
     return messages
 
 
+@st.composite
+def long_conversation(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """Agent turns with something to say, results small or large, compressible (a summary halves them)
+    or not, some answered by the user in words: long enough for a first sight to evict most of it."""
+    messages = draw(conversation(max_turns=3))[:-1]
+    for n in range(draw(st.integers(5, 40))):
+        if draw(st.integers(0, 5)) == 0:
+            messages.append({"role": "user", "content": f"Also check item {n}, please."})
+        thought = f"Step {n}: the failure points at the parser; I run it again. " * draw(st.integers(1, 6))
+        messages.append({"role": "assistant", "content": thought, "tool_calls": [
+            {"id": f"call_{n}", "type": "function", "function": {"name": "run", "arguments": '{"x": 1}'}}]})
+        size = draw(st.sampled_from([2, 40, 150]))
+        if draw(st.booleans()):  # a log a summary compresses
+            content = "\n".join(f"INFO worker {k % 3} processed ok" for k in range(size)) + f"\nid ord_{n}"
+        else:  # ids and paths on every line: a summary would keep nearly all of it
+            content = "\n".join(f"src/mod_{n}/f_{k}.py:{k}: ValueError in ord_{n}_{k}" for k in range(size))
+        messages.append({"role": "tool", "tool_call_id": f"call_{n}", "content": content})
+    messages.append({"role": "user", "content": "and now?"})
+    return messages
+
+
 def request_prefixes(messages: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """Each point where the agent called the model: every prefix that ends before an assistant message."""
     return [messages[:i] for i, m in enumerate(messages) if m["role"] == "assistant" and i > 0] + [messages]

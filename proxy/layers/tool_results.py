@@ -92,6 +92,7 @@ def found_in(messages: list[dict[str, Any]], observations: Observations | None,
         found = []
     found = [*found, *results(messages, observations, shared)]
     carried["results"] = (messages, observations, first_free, found)
+    carried["shared"] = (memo[0] if memo is not None else None, shared)  # (for summarize_large)
     return found
 
 
@@ -142,7 +143,10 @@ def summarize_large(messages: list[dict[str, Any]], state: SessionState, store: 
         return out  # nothing to decide and no earlier decision to re-apply: no walk over the history
     waiting: list[Waiting] = []
     calls: dict[str, tuple[str, str | None]] | None = None
-    for index, key in found_in(messages, observations, carried):
+    found = found_in(messages, observations, carried)
+    settings = (enabled, threshold_tokens, observations)
+    out, waiting, start = _carried_walk(messages, found, state, carried, settings)
+    for index, key in found[start:]:
         stored = state.lookup(*key)
         if stored is None:
             message = messages[index]
@@ -178,7 +182,29 @@ def summarize_large(messages: list[dict[str, Any]], state: SessionState, store: 
         if out is messages:
             out = list(messages)
         out[index] = replaced(state, messages[index], stored.replacement)
+    if carried is not None and not skip_before:
+        applied = {id(w) for w in apply}
+        carried["layer1"] = (messages, out, len(state.by_key), settings,
+                             [w for w in waiting if id(w) not in applied])
     return out
+
+
+def _carried_walk(messages: list[dict[str, Any]], found: list[Found], state: SessionState,
+                  carried: dict[str, Any] | None,
+                  settings: tuple[Any, ...]) -> tuple[list[dict[str, Any]], list[Waiting], int]:
+    """What summarize_large's walk gave for the messages this request shares with the previous one:
+    (the output so far, the results still waiting, where in `found` to go on). Valid while no decision
+    was recorded since (every replacement of the shared part is then what it was) under the same
+    settings; else nothing carried: (messages, [], 0)."""
+    memo = carried.get("layer1") if carried is not None else None
+    previous, shared = carried.get("shared", (None, 0)) if carried is not None else (None, 0)
+    if memo is None or memo[0] is not previous or not shared or memo[2] != len(state.by_key) \
+            or memo[3] != settings:
+        return messages, [], 0
+    _, out_before, _, _, waiting_before = memo
+    out = messages if out_before is previous else [*out_before[:shared], *messages[shared:]]
+    waiting = [w for w in waiting_before if w[0] < shared and w[1] in state.pending]
+    return out, waiting, bisect.bisect_left(found, shared, key=operator.itemgetter(0))
 
 
 def replaced(state: SessionState, message: dict[str, Any], content: str) -> dict[str, Any]:

@@ -4,12 +4,20 @@ where it differs from the previous request, and finds exactly what a whole walk 
 from __future__ import annotations
 
 from typing import Any
+from unittest import mock
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy import pipeline
+from proxy.layers import tool_results
 from proxy.layers.observations import Observations
 from proxy.layers.tool_results import found_in, results, shared_prefix
+from proxy.policy import LoadedPolicy, Policy
+from proxy.session import Session
+from proxy.state import StateStore
+from proxy.tokens import TokenCounter
+from tests.strategies import CLIENT_TOOLS, long_conversation, request_prefixes
 
 OBSERVATIONS = Observations(size_tokens=50)
 
@@ -72,3 +80,61 @@ def test_shared_prefix_compares_objects_not_values() -> None:
     assert shared_prefix([a, b], [a, b, a]) == 2
     assert shared_prefix([a, b], [a, dict(b)]) == 1
     assert shared_prefix([], [a]) == 0
+
+
+def session_outputs(prefixes: list[list[dict[str, Any]]], window_tokens: int, carry: bool) -> list[Any]:
+    """What the pipeline forwards for each request of one session (the same message objects resent)."""
+    loaded = LoadedPolicy("t", Policy.model_validate({
+        "tool_results": {"threshold_tokens": 120}, "budget": {"max_input_tokens": window_tokens}}), None)
+    store, outputs, tokens = StateStore(), [], TokenCounter()
+    walk = tool_results._carried_walk if carry else (lambda messages, *_: (messages, [], 0))
+    with mock.patch.object(tool_results, "_carried_walk", walk), \
+            mock.patch.object(pipeline, "CARRY_FROM_TOKENS", 0):  # carry even for short histories
+        for prefix in prefixes:
+            context = pipeline.PipelineContext(loaded, Session("s1", "header"), "tenant-a", tokens, store,
+                                               now=lambda: 1_760_000_000.0)
+            try:
+                outcome = pipeline.run(pipeline.Conversation("gpt-4o", prefix, CLIENT_TOOLS), context)
+            except Exception as refused:
+                outputs.append(type(refused).__name__)
+                continue
+            outputs.append((outcome.messages, outcome.tools, outcome.tokens_after))
+    return outputs
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data(), st.sampled_from([1500, 4000, 128_000]))
+def test_layer_one_carried_over_requests_forwards_what_a_whole_walk_would(data: st.DataObject,
+                                                                           window_tokens: int) -> None:
+    messages = data.draw(long_conversation())
+    prefixes = request_prefixes(messages)  # slices: each request resends the earlier ones' very objects
+    if data.draw(st.booleans()):  # and once, an edited history (new objects from there on)
+        cut = data.draw(st.integers(1, len(prefixes) - 1)) if len(prefixes) > 1 else 0
+        edited = [dict(m) for m in prefixes[cut]]
+        prefixes = [*prefixes[:cut], edited, *prefixes[cut + 1:]]
+    assert session_outputs(prefixes, window_tokens, carry=True) == \
+        session_outputs(prefixes, window_tokens, carry=False)
+
+
+def test_summaries_waiting_in_a_carried_walk_still_pay_off_together() -> None:
+    # A long chat, then large results one request at a time: the first one's summary alone does not pay
+    # for offering the tools (it waits, pending), the first two together do, and both are applied.
+    chat: list[dict[str, Any]] = [{"role": "system", "content": "You are an agent."},
+                                  {"role": "user", "content": "fix it"}]
+    for n in range(40):
+        chat += [{"role": "assistant", "content": f"thinking about step {n} " * 20},
+                 {"role": "user", "content": f"ok {n} " * 20}]
+    for n in range(4):
+        chat.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"c{n}", "type": "function", "function": {"name": "run", "arguments": "{}"}}]})
+        log = "\n".join(f"INFO worker {k % 3} processed ok" for k in range(200))
+        chat.append({"role": "tool", "tool_call_id": f"c{n}", "content": f"{log}\nid ord_{n}"})
+    prefixes = request_prefixes(chat)
+    carried = session_outputs(prefixes, 128_000, carry=True)
+    assert carried == session_outputs(prefixes, 128_000, carry=False)
+
+    def summaries(output: Any) -> int:
+        return sum(str(m.get("content")).startswith("[ctxproxy summary") for m in output[0])
+
+    first = next(i for i, output in enumerate(carried) if summaries(output))
+    assert summaries(carried[first]) == 2 and summaries(carried[first - 1]) == 0  # the waiting one too

@@ -17,7 +17,7 @@ from proxy.policy import LoadedPolicy, Policy
 from proxy.session import Session
 from proxy.state import StateStore
 from proxy.tokens import TokenCounter
-from tests.strategies import CLIENT_TOOLS, conversation
+from tests.strategies import CLIENT_TOOLS, long_conversation
 
 TOKENS = TokenCounter()
 MODEL = "gpt-4o"
@@ -25,27 +25,6 @@ MODEL = "gpt-4o"
 
 def clock() -> float:
     return 1_760_000_000.0
-
-
-@st.composite
-def long_conversation(draw: st.DrawFn) -> list[dict[str, Any]]:
-    """Agent turns with something to say, results small or large, compressible (a summary halves them)
-    or not, some answered by the user in words: long enough for a first sight to evict most of it."""
-    messages = draw(conversation(max_turns=3))[:-1]
-    for n in range(draw(st.integers(5, 40))):
-        if draw(st.integers(0, 5)) == 0:
-            messages.append({"role": "user", "content": f"Also check item {n}, please."})
-        thought = f"Step {n}: the failure points at the parser; I run it again. " * draw(st.integers(1, 6))
-        messages.append({"role": "assistant", "content": thought, "tool_calls": [
-            {"id": f"call_{n}", "type": "function", "function": {"name": "run", "arguments": '{"x": 1}'}}]})
-        size = draw(st.sampled_from([2, 40, 150]))
-        if draw(st.booleans()):  # a log a summary compresses
-            content = "\n".join(f"INFO worker {k % 3} processed ok" for k in range(size)) + f"\nid ord_{n}"
-        else:  # ids and paths on every line: a summary would keep nearly all of it
-            content = "\n".join(f"src/mod_{n}/f_{k}.py:{k}: ValueError in ord_{n}_{k}" for k in range(size))
-        messages.append({"role": "tool", "tool_call_id": f"call_{n}", "content": content})
-    messages.append({"role": "user", "content": "and now?"})
-    return messages
 
 
 def policy(window_tokens: int, summary_tokens: int = 10_000) -> LoadedPolicy:
