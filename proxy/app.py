@@ -335,7 +335,7 @@ def upstreams(config: Config) -> dict[str, Upstream]:
 
 def build_app(config: Config) -> Starlette:
     """Create the ASGI app (tests put a scripted upstream on a loopback socket behind upstream.base_url)."""
-    policies = PolicyStore(config.policies_dir)
+    policies = PolicyStore(config.policies_dir, recheck_s=config.server.reload_check_s)
     resent.BODIES.limit_bytes = config.server.resent_cache_bytes
     problems = policies.check_all()
     if problems:

@@ -24,6 +24,9 @@ class ServerConfig(_Strict):
     state_cache_bytes: int = Field(64 * 1024 * 1024, gt=0)  # in-process session state; the archive has all
     # Recent large request bodies, so a resent history is parsed only past what is new (0: off).
     resent_cache_bytes: int = Field(64 * 1024 * 1024, ge=0)
+    # Policy files and pins changed outside this process (an edit, `ctxproxy pin add`, another replica) are
+    # seen within this many seconds: a stat and a query a second, not a request (0: on every request).
+    reload_check_s: float = Field(1.0, ge=0)
     log_level: str = "info"
     log_format: Literal["text", "json"] = "text"  # json: one object a line, for log collectors
 

@@ -15,6 +15,7 @@ import contextlib
 import re
 import sqlite3
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ LABELS = {
     CHAT_PROJECT: "[ctxproxy pinned knowledge: pinned by /pin in a conversation with this API key]",
     CHAT_SESSION: "[ctxproxy pinned knowledge: pinned in this conversation by /pin]",
 }
+READ_ENTRIES = 4096  # (policy, tenant, session) reads kept for recheck_s; past that, all are dropped
 PIN_ID = re.compile(r"^pin-[0-9a-f]{8,32}$")
 COUNT_MODEL = "gpt-4o"  # budgets are model-independent: counted with one tokenizer
 
@@ -99,10 +101,15 @@ def _query_pins(conn: Any, policy: str, tenant: str | None, session_id: str | No
 
 class PinStore:
     """Runtime pins in the archive database: SQLite at `db_path`, or PostgreSQL at `url` (replicas share
-    them; a pin's budget check and insert are one transaction under a per-project lock)."""
+    them; a pin's budget check and insert are one transaction under a per-project lock). What `list` read
+    is reused for `recheck_s` seconds (pins changed by another process show within that; this store's own
+    changes at once)."""
 
-    def __init__(self, db_path: Path | None, tokens: TokenCounter, *, url: str | None = None) -> None:
-        self.db_path, self.tokens, self.url = db_path, tokens, url
+    def __init__(self, db_path: Path | None, tokens: TokenCounter, *, url: str | None = None,
+                 recheck_s: float = 0.0) -> None:
+        self.db_path, self.tokens, self.url, self.recheck_s = db_path, tokens, url, recheck_s
+        self._read: dict[tuple[str, str | None, str | None], tuple[float, list[Pin]]] = {}
+        self._changes = 0  # pins added or removed here: a read that raced one is not kept
         self._conn: Any
         if url is not None:
             from psycopg.rows import dict_row
@@ -155,8 +162,17 @@ class PinStore:
         tenant None: all of them (operators). Else those visible to the tenant: the project-wide ones
         (tenant "*"), the tenant's own project pins, and, given a session, the tenant's pins of that session.
         """
+        key, now, changes = (policy, tenant, session_id), time.monotonic(), self._changes
+        read = self._read.get(key)
+        if read is not None and now - read[0] < self.recheck_s:
+            return read[1]
         with self._connect() as conn:
-            return _query_pins(conn, policy, tenant, session_id)
+            pins = _query_pins(conn, policy, tenant, session_id)
+        if self.recheck_s and changes == self._changes:
+            if len(self._read) >= READ_ENTRIES:
+                self._read.clear()
+            self._read[key] = (now, pins)
+        return pins
 
     def add(self, policy: LoadedPolicy, content: str, *, name: str, tenant: str = EVERY_TENANT,
             session_id: str | None = None) -> Pin:
@@ -178,6 +194,7 @@ class PinStore:
             conn.execute("insert into pins (id, tenant, policy, name, content, tokens, created_at, "
                          "session_id) values (?, ?, ?, ?, ?, ?, ?, ?)",
                          (pin.id, tenant, policy.name, name, content, tokens, utc_now(), session_id))
+        self._changed()
         return pin
 
     def remove(self, policy: str, pin_id: str, tenant: str | None = None,
@@ -194,9 +211,15 @@ class PinStore:
             query += " and session_id = ?"
             params.append(session_id)
         with self._connect() as conn:
-            if conn.execute(query, params).rowcount == 0:
-                scope = "" if tenant is None else " that this conversation may remove"
-                raise NotFound(f"no pin {pin_id!r}{scope} in policy {policy!r}", code="unknown_pin")
+            removed = conn.execute(query, params).rowcount
+        self._changed()
+        if not removed:
+            scope = "" if tenant is None else " that this conversation may remove"
+            raise NotFound(f"no pin {pin_id!r}{scope} in policy {policy!r}", code="unknown_pin")
+
+    def _changed(self) -> None:
+        self._changes += 1
+        self._read.clear()
 
 
 def render(pins: list[Pin]) -> str:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import os
 import re
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -227,14 +229,17 @@ def _counter() -> TokenCounter:
 
 
 class PolicyStore:
-    """Finds `<name>.yaml` in the policies folder; re-reads a file when its mtime changes.
+    """Finds `<name>.yaml` in the policies folder; re-reads a file when its mtime changes, checked at most
+    every `recheck_s` seconds (0: on every get).
 
     A bad edit keeps the last good version in service and logs why. No folder (no `policies_dir` in the
     config): the policies shipped with ctxproxy.
     """
 
-    def __init__(self, folder: Path | None) -> None:
+    def __init__(self, folder: Path | None, recheck_s: float = 0.0) -> None:
         self.folder = folder if folder is not None else shipped.policies_dir()
+        self.recheck_s = recheck_s
+        self._checked: dict[str, float] = {}  # name -> when its file was last found unchanged
         self._cache: dict[str, tuple[float, LoadedPolicy]] = {}
         self._builtin_default = LoadedPolicy("default", Policy(), None)
         # A folder with no default.yaml: the folder's mtime when that was seen (a file added or renamed
@@ -253,9 +258,14 @@ class PolicyStore:
     def get(self, name: str) -> LoadedPolicy:
         cached = self._cache.get(name)
         if cached is not None and cached[1].path is not None:
-            # Hot path: one stat of the file we already know; anything unusual takes the slow path.
+            # Hot path: one stat of the file we already know, at most every recheck_s; anything unusual
+            # takes the slow path.
+            now = time.monotonic()
+            if now - self._checked.get(name, -math.inf) < self.recheck_s:
+                return cached[1]
             try:
                 if os.stat(cached[1].path).st_mtime_ns == cached[0]:
+                    self._checked[name] = now
                     return cached[1]
             except OSError:
                 pass
@@ -272,6 +282,7 @@ class PolicyStore:
             raise NotFound(f"unknown policy {name!r}; available: {', '.join(self.names()) or 'default'}",
                            code="unknown_policy")
         mtime = os.stat(path).st_mtime_ns
+        self._checked[name] = time.monotonic()
         if cached and cached[0] == mtime and cached[1].path == path:
             return cached[1]
         try:

@@ -7,7 +7,9 @@ import pytest
 
 from proxy.cli import main
 from proxy.errors import ConfigError
-from proxy.policy import load_policy_file
+from proxy.pins import PinStore
+from proxy.policy import LoadedPolicy, Policy, load_policy_file
+from proxy.tokens import TokenCounter
 from tests.conftest import BOTH_BACKENDS
 
 
@@ -97,3 +99,19 @@ def test_admin_pins_api(make_proxy, fake_upstream, monkeypatch):
     assert httpx.delete(f"{url}/{created.json()['id']}", headers=auth).status_code == 200
     assert httpx.delete(f"{url}/{created.json()['id']}", headers=auth).status_code == 404
     assert httpx.delete(f"{url}/..%2Fetc", headers=auth).status_code in (400, 404)
+
+
+def test_pins_read_are_reused_for_recheck_s_and_this_stores_own_changes_show_at_once(tmp_path):
+    loaded = LoadedPolicy("proj", Policy(), None)
+    tokens = TokenCounter()
+    ours = PinStore(tmp_path / "archive.db", tokens, recheck_s=3600)
+    elsewhere = PinStore(tmp_path / "archive.db", tokens)  # the CLI, or another replica
+    assert ours.list("proj", "t1") == []
+    elsewhere.add(loaded, "Deploys go through stg-04.", name="cli")
+    assert ours.list("proj", "t1") == []  # read within the last recheck_s: reused
+    mine = ours.add(loaded, "Always run the tests with -x.", name="chat", tenant="t1")
+    assert [p.name for p in ours.list("proj", "t1")] == ["cli", "chat"]  # its own change: read again
+    ours.remove("proj", mine.id, tenant="t1")
+    assert [p.name for p in ours.list("proj", "t1")] == ["cli"]
+    fresh = PinStore(tmp_path / "archive.db", tokens, recheck_s=0)
+    assert [p.name for p in fresh.list("proj", "t1")] == ["cli"]

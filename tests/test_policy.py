@@ -90,7 +90,19 @@ def test_default_file_added_later_is_picked_up(tmp_path):
     assert store.get("default").policy.tool_results.threshold_tokens == 300
 
 
-def test_reload_is_visible_through_the_server(proxy, fake_upstream):
+def test_store_checks_a_known_file_at_most_every_recheck_s(tmp_path):
+    path = write(tmp_path / "proj.yaml", "tool_results:\n  threshold_tokens: 100\n")
+    store = PolicyStore(tmp_path, recheck_s=3600)
+    assert store.get("proj").policy.tool_results.threshold_tokens == 100
+    write(path, "tool_results:\n  threshold_tokens: 200\n")
+    os.utime(path, ns=(1, 10**18))
+    assert store.get("proj").policy.tool_results.threshold_tokens == 100  # not looked at again yet
+    store.recheck_s = 0
+    assert store.get("proj").policy.tool_results.threshold_tokens == 200
+
+
+def test_reload_is_visible_through_the_server(make_proxy, fake_upstream):
+    proxy = make_proxy({"server": {"reload_check_s": 0}})  # (the default looks at a file once a second)
     path = proxy.policies_dir / "passthrough.yaml"
     url = f"{proxy.url}/p/passthrough/v1/chat/completions"
     payload = {"model": "gpt-4o", "messages": [{"role": "user", "content": "word " * 300}]}

@@ -102,9 +102,10 @@ def open_reader(config: Config) -> ArchiveQueries:
 def open_pins(config: Config, tokens: TokenCounter) -> PinStore:
     from proxy.pins import PinStore
 
+    recheck_s = config.server.reload_check_s
     if config.archive.url:
-        return PinStore(None, tokens, url=config.archive.url)
-    return PinStore(config.data_dir / "archive.db", tokens)
+        return PinStore(None, tokens, url=config.archive.url, recheck_s=recheck_s)
+    return PinStore(config.data_dir / "archive.db", tokens, recheck_s=recheck_s)
 
 
 def open_storage(config: Config, tokens: TokenCounter, *, pricing: Pricing | None = None,
