@@ -141,7 +141,6 @@ def summarize_large(messages: list[dict[str, Any]], state: SessionState, store: 
     out = messages
     if not enabled and not state.by_key:
         return out  # nothing to decide and no earlier decision to re-apply: no walk over the history
-    waiting: list[Waiting] = []
     calls: dict[str, tuple[str, str | None]] | None = None
     found = found_in(messages, observations, carried)
     settings = (enabled, threshold_tokens, observations)
