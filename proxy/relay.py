@@ -112,6 +112,12 @@ def stream_end(watch: faults.StreamWatch, broke: TransportError | None, record: 
     return [error_event(message, code)]
 
 
+def _event_start(data: bytes, at: int) -> int:
+    """Where the server-sent event holding data[at] begins: after the last blank line before it."""
+    lf, crlf = data.rfind(b"\n\n", 0, at), data.rfind(b"\r\n\r\n", 0, at)
+    return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+
+
 async def archived(events: AsyncIterator[bytes], records: list[ExchangeRecord],
                    on_done: Callable[[], Awaitable[None]], ends: tuple[bytes, ...] = CHAT_ENDS,
                    error_event: ErrorEvent = faults.error_event) -> AsyncIterator[bytes]:
@@ -119,7 +125,8 @@ async def archived(events: AsyncIterator[bytes], records: list[ExchangeRecord],
 
     The event carrying `[DONE]` (or an error event, which ends a failed stream) is held back until
     the archive has the exchange: a client that saw the end of its answer can rely on it being
-    recorded, even if the proxy dies right after.
+    recorded, even if the proxy dies right after. Only that event: the events that arrived in the same
+    read (a fast upstream's whole answer may) go out at once.
     """
     held: bytes | None = None
     try:
@@ -127,8 +134,12 @@ async def archived(events: AsyncIterator[bytes], records: list[ExchangeRecord],
             if held is not None:  # "[DONE]" inside a content string, not the terminator
                 yield held
                 held = None
-            if any(end in event for end in ends):  # the end, or an error that ends it
-                held = event
+            at = max((event.rfind(end) for end in ends), default=-1)
+            if at >= 0:  # the end, or an error that ends it (the last event that may be one)
+                start = _event_start(event, at)
+                if start:
+                    yield event[:start]
+                held = event[start:]
                 continue
             yield event
     except Exception as exc:  # a proxy bug, not the client leaving: the client still learns of it
