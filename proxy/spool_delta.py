@@ -20,11 +20,13 @@ import operator
 from collections import OrderedDict
 from typing import Any
 
+from proxy.archive_codec import dumps
 from proxy.archive_items import ExchangeRecord, decode_item, encode_item, unknown_kind
 from proxy.spool import Spool
 
 MAX_SESSIONS = 4096  # sessions whose last spooled record is remembered as a base
 MIN_SHARED = 8  # fewer shared messages than this: spooled whole (not worth a reference)
+MAX_EQUAL_TRIES = 8  # equal objects that are not the same ones compared (serialized) per list
 MIN_BASE_BYTES = 64 * 1024  # a smaller record is no base (its session's bodies are parsed anew: no
 # message is the same object next time; as wire/resent.py's MIN_BYTES)
 
@@ -38,10 +40,24 @@ class _Base:
         self.epoch, self.index, self.request, self.forwarded = epoch, index, request, forwarded
 
 
-def shared(earlier: list[Any], later: list[Any]) -> int:
-    """How many leading elements of `later` are the very objects of `earlier`."""
-    return next(itertools.compress(itertools.count(), map(operator.is_not, earlier, later)),
-                min(len(earlier), len(later)))
+def shared(earlier: list[Any], later: list[Any], equal_tries: int = MAX_EQUAL_TRIES) -> int:
+    """How many leading elements of `later` are the very objects of `earlier`, or (at most `equal_tries`
+    of them) other objects that serialize to the same bytes: the blocks the pipeline injects are made
+    anew every request, so the forwarded list would otherwise share only what precedes the first."""
+    size, at = min(len(earlier), len(later)), 0
+    while True:
+        islice = itertools.islice
+        differing = map(operator.is_not, islice(earlier, at, None), islice(later, at, None))
+        at = next(itertools.compress(itertools.count(at), differing), size)
+        if at >= size or equal_tries <= 0 or not _same_bytes(earlier[at], later[at]):
+            return at
+        equal_tries, at = equal_tries - 1, at + 1
+
+
+def _same_bytes(one: Any, other: Any) -> bool:
+    # (== alone is not enough: 1 == 1.0 == True, and key order is not compared; the replay must give
+    # the record's own bytes back)
+    return bool(one == other) and dumps(one) == dumps(other)
 
 
 class Bases:

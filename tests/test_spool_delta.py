@@ -32,22 +32,24 @@ def record(n: int, session: str, request: list[Any], forwarded: list[Any] | None
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 12), st.booleans(), st.booleans()),
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 12), st.booleans(), st.booleans(),
+                          st.sampled_from([1, 1.0, True, "1"])),
                 min_size=1, max_size=25))
 def test_every_record_comes_back_whole_from_the_spool(tmp_path_factory, steps):
-    """Any mix of sessions growing, restarting (an edited history) or rewritten (forwarded lists): what
-    the spool holds, made whole in file order, is each record as submitted."""
+    """Any mix of sessions growing, restarting (an edited history) or rewritten (forwarded lists whose
+    block is made anew every time: equal to the last one, or equal but written differently, 1 / 1.0 /
+    True): what the spool holds, made whole in file order, is each record as submitted, byte for byte."""
     spool = Spool(tmp_path_factory.mktemp("spool"))
     bases = Bases(min_base_bytes=0)
     histories: dict[int, list[dict[str, Any]]] = {}
     submitted, payloads = [], []
-    for n, (session, grow, edit, rewrite) in enumerate(steps):
+    for n, (session, grow, edit, rewrite, flavour) in enumerate(steps):
         history = histories.get(session, [])
         if edit and history:
             history = [{"role": "system", "content": f"edited {n}"}, *history[1:]]
         history = history + [{"role": "user", "content": f"s{session} m{n}.{k}"} for k in range(grow + 1)]
         histories[session] = history
-        forwarded = [{"role": "system", "content": "block"}, *history[-3:]] if rewrite else None
+        forwarded = [{"role": "system", "content": "block", "n": flavour}, *history[-3:]] if rewrite else None
         item = record(n, f"s{session}", history, forwarded)
         payloads.append(bases.encode(item, spool))
         spool.append(payloads[-1])
@@ -182,3 +184,29 @@ def test_small_records_are_no_base(tmp_path):
     spool.append(whole)
     assert len(bases.encode(record(3, "s", big[:12]), spool)) < len(whole) // 10
     spool.close()
+
+
+def test_a_rewritten_list_whose_blocks_are_made_anew_is_spooled_relative(tmp_path):
+    """The pipeline makes its injected blocks anew every request: a forwarded list that differs from the
+    last one only by such equal copies (and one new message) is spooled as that one message, and comes
+    back whole; a block equal in value but written differently (1.0 for 1) is spooled as it is."""
+    spool = Spool(tmp_path)
+    bases = Bases(min_base_bytes=0)
+    history = [{"role": "user", "content": f"observation {k}: " + "x" * 2_000} for k in range(40)]
+
+    def forwarded(upto: int, n: Any = 1) -> list[Any]:
+        return [history[0], {"role": "system", "content": "summary block", "n": n}, *history[10:upto]]
+
+    items = [record(0, "s", history[:30], forwarded(30)), record(1, "s", history[:31], forwarded(31)),
+             record(2, "s", history[:32], forwarded(32, 1.0))]
+    payloads = []
+    for item in items:
+        payloads.append(bases.encode(item, spool))
+        spool.append(payloads[-1])
+    spool.close()
+    assert len(payloads[1]) < 3 * 2_000 < len(payloads[2])  # the second: one message of each list
+    replayed: list[bytes] = []
+    replay_file(next(tmp_path.glob("*.log")), replayed.extend, batch_items=100, batch_bytes=1 << 30,
+                prepare=Expander())
+    assert replayed == [encode_item(item) for item in items]
+    assert b'"n":1.0' in replayed[2]
