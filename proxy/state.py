@@ -11,7 +11,7 @@ import hashlib
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import orjson
@@ -362,7 +362,8 @@ class StateStore:
         self.persist(TableRow("session_windows", {
             "tenant": state.tenant, "session_id": state.session_id, "cut": window.cut,
             "last_evicted": orjson.dumps(window.last_evicted).decode(),
-            "headlines": orjson.dumps([asdict(h) for h in window.headlines]).decode(), "block": window.block,
+            "headlines": orjson.dumps(window.headlines).decode(),  # (dataclasses as asdict, no copy)
+            "block": window.block,
             "updated_at": utc_now()}))
 
     def save_memory(self, state: SessionState, kind: str, data: dict[str, Any] | str) -> None:

@@ -42,6 +42,9 @@ _PATH = re.compile(r"(?<![\w.:/])(?:\.{0,2}/)?(?:[\w.@+-]+/)+[\w.@+-]*[\w@+-]"
 _URL = re.compile(r"[a-z][a-z0-9+.-]*://\S+")
 _ERROR = re.compile(r"(?i)\b(?:error|exception|traceback|failed|failure|fatal|panic|denied|not found)\b"
                     r"|\w+(?:Error|Exception)\b|^=+ .*\b(?:passed|failed)\b")
+# Found wherever _ERROR finds something in a line (unanchored: a line may start past a \r or a \f).
+_ANY_ERROR = re.compile(r"(?i)\b(?:error|exception|traceback|failed|failure|fatal|panic|denied|not found)\b"
+                        r"|\w+(?:Error|Exception)\b|=+ .*\b(?:passed|failed)\b")
 # The lines that say what went wrong: `ValueError: ...`, `FAILED tests/x.py::t`, `2 failed, 72 passed`.
 _DECISIVE = re.compile(r"^\s*(?:[\w.]*(?:Error|Exception|Exit|Interrupt)\b:?|FAILED\b|E\s{2,}\w)"
                        r"|\b\d+ (?:failed|errors?)\b|^Error:")
@@ -108,17 +111,20 @@ def ids_and_paths(text: str, limit: int) -> list[str]:
 
 
 def _merged(text: str) -> Iterator[str]:
-    """Path and id matches in text order (a path wins over an id inside it)."""
-    paths = [(m.start(), m.end(), m.group()) for m in _PATH.finditer(text)]
-    taken = 0
+    """Path and id matches in text order (a path wins over an id inside it); lazily, as a caller that has
+    enough stops early."""
+    paths = _PATH.finditer(text)
+    path = next(paths, None)
     for match in _ID.finditer(text):
-        while taken < len(paths) and paths[taken][1] <= match.start():
-            yield paths[taken][2]
-            taken += 1
-        if taken < len(paths) and paths[taken][0] <= match.start() < paths[taken][1]:
+        while path is not None and path.end() <= match.start():
+            yield path.group()
+            path = next(paths, None)
+        if path is not None and path.start() <= match.start() < path.end():
             continue  # the id is part of the path
         yield match.group().lstrip("#")
-    yield from (path for _, _, path in paths[taken:])
+    while path is not None:
+        yield path.group()
+        path = next(paths, None)
 
 
 def error_lines(text: str, limit: int, width: int) -> list[str]:
@@ -126,7 +132,10 @@ def error_lines(text: str, limit: int, width: int) -> list[str]:
     them first) before the rest (first come), each clipped to `width`."""
     decisive: list[str] = []
     other: list[str] = []
-    for raw in islice(_scanned(text).splitlines(), 5_000):
+    text = _scanned(text)
+    if not _ANY_ERROR.search(text):  # (one pass in C: most results have no line to look at)
+        return []
+    for raw in islice(text.splitlines(), 5_000):
         line = raw.strip()
         if not line or len(line) > 2_000 or not _ERROR.search(line):
             continue
