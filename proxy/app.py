@@ -105,7 +105,8 @@ async def converse(request: Request, wire: WireFormat) -> Response:
     state: ProxyState = request.app.state.proxy
     policy = select_policy(request, state.policies)
     raw = await read_body(request, state.config.server)
-    decoded = await off_loop_if_large(wire.fresh_bytes(raw), wire.decode, raw)
+    fresh = wire.fresh_bytes(raw)  # (past what an earlier body repeats: a resent history's new part)
+    decoded = await off_loop_if_large(fresh, wire.decode, raw)
     tenant, session = identify(request.headers, decoded.session_body)  # keyless: a tenant per session
     upstream = state.upstreams[wire.name]
     if (window := wire.window(request.headers)) is not None:
@@ -137,7 +138,8 @@ async def converse(request: Request, wire: WireFormat) -> Response:
                 state.upstreams[CHAT.name], state.upstream.request_headers(request.headers, identity=True),
                 str(layer1.summarizer_model), pending, layer1.summarizer_timeout_s)
     try:
-        outcome, content, session_state = await rewrite_soon(state, conversation, context, decoded, len(raw))
+        outcome, content, session_state = await rewrite_soon(state, conversation, context, decoded, len(raw),
+                                                             fresh)
     except ContextLengthExceeded as refusal:
         return await refused(state, wire, decoded, policy, session, tenant, refusal, started)
     if outcome.evicted:  # model-written headlines and episodes never block a request
@@ -205,20 +207,20 @@ async def converse(request: Request, wire: WireFormat) -> Response:
 
 
 async def rewrite_soon(state: ProxyState, conversation: pipeline.Conversation,
-                       context: pipeline.PipelineContext, decoded: Decoded,
-                       size: int) -> tuple[pipeline.Outcome, bytes, SessionState]:
-    """`rewrite` right here when that is cheaper than a thread hop (a small request whose session is in
-    memory and free, the archive far from full: nothing to wait for); else in a worker thread, as anything
-    that may wait on a lock, a database or the disk must be, and input-sized work (token counting,
-    summaries) of a large request."""
-    if size <= INLINE_BYTES and state.archive.has_room:
-        context.wait = False
+                       context: pipeline.PipelineContext, decoded: Decoded, size: int,
+                       fresh: int) -> tuple[pipeline.Outcome, bytes, SessionState]:
+    """`rewrite` right here when that is cheaper than a thread hop (a small request, or a resent history
+    whose new part is small and whose session is far from a batch; its session in memory and free, the
+    archive far from full: nothing to wait for); else in a worker thread, as anything that may wait on a
+    lock, a database or the disk must be, and input-sized work (token counting, summaries, batches)."""
+    if (size <= INLINE_BYTES or fresh <= INLINE_BYTES) and state.archive.has_room:
+        context.wait, context.fresh_bytes = False, None if size <= INLINE_BYTES else fresh
         try:
             return rewrite(conversation, context, decoded)
         except WouldBlock:
             pass  # nothing was done: the same work, in a thread
         finally:
-            context.wait = True
+            context.wait, context.fresh_bytes = True, None
     return await anyio.to_thread.run_sync(rewrite, conversation, context, decoded)
 
 

@@ -31,9 +31,9 @@ from proxy.pins import Pin, file_pins
 from proxy.pins import render as render_pins
 from proxy.policy import LoadedPolicy, Policy
 from proxy.session import Session
-from proxy.state import SessionState, StateStore
+from proxy.state import SessionState, StateStore, WouldBlock
 from proxy.tokens import TokenCounter
-from proxy.window_step import first_batch_floor, slide_window
+from proxy.window_step import clear_of_batches, first_batch_floor, slide_window
 
 
 @dataclass
@@ -76,16 +76,38 @@ class PipelineContext:
     now: Callable[[], float] = time.time
     pins: Callable[[], list[Pin]] | None = None  # runtime pins of this project for this tenant
     wait: bool = True  # False (on the event loop): raise state.WouldBlock rather than wait for the session
+    # With wait False: the bytes of the request past what an earlier body repeated; None: a small request.
+    # WouldBlock unless the session's last request plus these stays clear of every batch (a large
+    # request is rewritten on the event loop only when its work is in proportion to what is new).
+    fresh_bytes: int | None = None
 
 
 @telemetry.traced("ctxproxy.pipeline", telemetry.outcome_attributes)  # spans: no-op without telemetry
 def run(conversation: Conversation, context: PipelineContext) -> Outcome:
     """Rewrite one request. Runs in a worker thread; one request of a session at a time."""
     with context.store.session(context.tenant, context.session.id, wait=context.wait) as state:
+        if not context.wait and context.fresh_bytes is not None and not little_to_do(state, context,
+                                                                                      conversation):
+            raise WouldBlock("a large request that may rewrite in a batch")  # (nothing done yet)
         with context.tokens.request_scope(state.counted):
             outcome = _run(conversation, context, state)
         forget_counts(state, conversation.messages, outcome.tokens_before)
         return outcome
+
+
+GROWTH_MARGIN_TOKENS = 2_048  # what injected blocks (working memory, pins) may add in one turn
+
+
+def little_to_do(state: SessionState, context: PipelineContext, conversation: Conversation) -> bool:
+    """This request continues the session's previous one (its last message is the very object at the
+    same place: the same resent body), adds at most `fresh_bytes` to it (a token is at least one byte),
+    and stays clear of every batch."""
+    client, forwarded, messages = state.last_client, state.last_forwarded, conversation.messages
+    if client is None or forwarded is None or context.fresh_bytes is None:
+        return False
+    length, last, _ = client
+    return 0 < length <= len(messages) and messages[length - 1] is last and clear_of_batches(
+        context.policy.policy, conversation.model, forwarded[2], context.fresh_bytes + GROWTH_MARGIN_TOKENS)
 
 
 CARRY_FROM_TOKENS = 16_000  # about the body size (64 KB) from which a resent history is the same objects

@@ -40,7 +40,7 @@ def slide_window(original: list[dict[str, Any]], forwarded: list[dict[str, Any]]
     break is a batch away instead of a turn or two."""
     policy, tokens, model = context.policy.policy, context.tokens, conversation.model
     budget_tokens, low_water, limit = window_sizes(policy, model)
-    early = low_water + (budget_tokens - low_water) * 3 // 4  # a batch from here when the cache breaks anyway
+    early = early_batch(budget_tokens, low_water)  # a batch from here when the cache breaks anyway
     summary_tokens = min(policy.summary.max_tokens, budget_tokens * 15 // 100)
     internal = with_internal_tools(None, read=True, recall=True) or []
     fixed = tokens.tools([*(conversation.tools or []), *internal], model) + state.injected_tokens
@@ -94,6 +94,25 @@ def window_sizes(policy: Policy, model: str) -> tuple[int, int, int | None]:
     limit = math.floor(policy.budget.prune_at_pct * size / (1 + policy.budget.pad_pct)) \
         if policy.budget.enabled else None
     return budget_tokens, math.floor(policy.window.low_water_pct * budget_tokens), limit
+
+
+def early_batch(budget_tokens: int, low_water: int) -> int:
+    """Where a batch is made when the cache breaks anyway: three quarters of the way to the budget."""
+    return low_water + (budget_tokens - low_water) * 3 // 4
+
+
+def clear_of_batches(policy: Policy, model: str, last_tokens: int, new_tokens: int) -> bool:
+    """Whether a request of at most `new_tokens` more than the `last_tokens` forwarded last time stays
+    below every point where a layer rewrites in a batch (masking, eviction, the gate's pruning, layer
+    1's pruning when the gate is off): its work is then in proportion to what is new."""
+    size = budget.window_for(policy, model)
+    budget_tokens, low_water, limit = window_sizes(policy, model)
+    ceilings = [early_batch(budget_tokens, low_water)] if policy.window.enabled else []
+    if limit is not None:
+        ceilings.append(limit)
+    elif policy.tool_results.enabled:
+        ceilings.append(math.floor(policy.tool_results.prune_at_pct * size))
+    return last_tokens + new_tokens < min(ceilings, default=2**62)
 
 
 def first_batch_floor(original: list[dict[str, Any]], observations: Observations, state: SessionState,

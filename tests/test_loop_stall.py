@@ -8,6 +8,7 @@ the loop itself would be held and the probes below would time out instead of bei
 from __future__ import annotations
 
 import asyncio
+import math
 import socket
 import threading
 
@@ -124,6 +125,47 @@ def test_a_small_request_of_a_busy_session_waits_in_a_thread_not_on_the_loop(pro
     waiting.join(60)
     assert results["held"].status_code == results["waiting"].status_code == 200
     assert runs[2:] == [False, False]
+
+
+def test_a_resent_history_is_rewritten_on_the_loop_only_while_clear_of_a_batch(proxy, fake_upstream,
+                                                                               monkeypatch):
+    """A long history resent with one more turn is rewritten on the event loop (its work is what is new)
+    while the session is far from a batch; the same turn of a session a batch away goes to a thread."""
+    real_run = pipeline.run
+    runs: dict[str, list[bool]] = {}  # completed pipeline runs by session: True when on the loop's thread
+
+    def recorded_run(conversation, context):
+        outcome = real_run(conversation, context)  # (WouldBlock: nothing done, it runs again in a thread)
+        runs.setdefault(context.session.id, []).append(asyncio._get_running_loop() is not None)
+        return outcome
+
+    monkeypatch.setattr(pipeline, "run", recorded_run)
+    history: list[dict] = [{"role": "user", "content": "fix the parser"}]
+    for n in range(20):  # ~80 KB: over INLINE_BYTES, and nothing in it is over the summary threshold
+        call = {"id": f"call_{n}", "type": "function", "function": {"name": "run", "arguments": "{}"}}
+        history += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": f"call_{n}",
+                     "content": "\n".join(f"src/m{n}/f{k}.py:{k}: ok" for k in range(180))}]
+    turn = [{"role": "assistant", "content": "looking"}, {"role": "user", "content": "go on"}]
+
+    def send(client: httpx.Client, path: str, session: str, messages: list[dict]) -> httpx.Response:
+        response = client.post(path, content=orjson.dumps({"model": "gpt-4o", "tools": TOOLS,
+                                                           "messages": messages}),
+                               headers={"x-ctxproxy-session": session, "content-type": "application/json"})
+        assert response.status_code == 200, response.text
+        return response
+
+    with httpx.Client(base_url=proxy.url, timeout=60, headers={"authorization": "Bearer sk-loop"}) as client:
+        first = send(client, "/v1/chat/completions", "far", history)
+        send(client, "/v1/chat/completions", "far", history + turn)
+        tokens = int(first.headers["x-ctxproxy-tokens-after"])
+        # A window whose batch starts ~1,000 tokens past this history: the next turn may reach it.
+        budget_tokens = math.ceil((tokens + 1_000) / 0.925)
+        (proxy.policies_dir / "near.yaml").write_text(f"window:\n  max_tokens: {budget_tokens}\n")
+        send(client, "/p/near/v1/chat/completions", "near", history)
+        send(client, "/p/near/v1/chat/completions", "near", history + turn)
+    assert runs == {"far": [False, True], "near": [False, False]}
+    assert fake_upstream.chat_requests[-1].json()["messages"] == history + turn  # nothing to rewrite yet
 
 
 def test_recall_runs_off_the_event_loop(make_proxy, fake_upstream, monkeypatch):
