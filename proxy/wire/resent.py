@@ -29,6 +29,7 @@ import orjson
 MIN_BYTES = 64 * 1024  # smaller bodies parse in well under a millisecond: not worth remembering
 GROUP_PREFIX = 64  # bodies are grouped by their opening bytes (model, the system prompt's start)
 GROUP_SIZE = 32  # bodies remembered per group (concurrent sessions of one agent share their opening)
+PROBES = 4  # fresh_bytes findings held for the parse that follows (each holds its body until then)
 
 # A JSON string (with a following colon when it is a key), or a bracket. Everything else (numbers,
 # literals, commas, whitespace) is skipped: message boundaries only need the brackets outside strings.
@@ -109,19 +110,31 @@ class ResentBodies:
         self._order: OrderedDict[int, tuple[tuple[str, bytes], _Body]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        # fresh_bytes' findings for the parse of the same body object that follows it
+        self._probes: OrderedDict[int, tuple[bytes, str, _Body | None, int]] = OrderedDict()
 
     def fresh_bytes(self, raw: bytes, key: str) -> int:
         """How many bytes of `raw` a parse would read anew: past the longest run of whole `key` elements an
         earlier body repeats (a few memcmp calls; all of them when none does)."""
         if len(raw) < self.min_bytes or not self.limit_bytes:
             return len(raw)
+        best, reused = self._best((key, raw[:self.group_prefix]), raw)
+        with self._lock:  # the parse that follows takes it instead of comparing megabytes again
+            self._probes[id(raw)] = (raw, key, best, reused)
+            while len(self._probes) > PROBES:
+                self._probes.popitem(last=False)
+        return len(raw) - (best.layout.ends[reused - 1] if best is not None else 0)
+
+    def _best(self, group: tuple[str, bytes], raw: bytes) -> tuple[_Body | None, int]:
+        """The remembered body `raw` repeats the most whole elements of, and how many."""
         with self._lock:
-            candidates = list(self._groups.get((key, raw[:self.group_prefix]), ()))
-        shared = 0
+            candidates = list(self._groups.get(group, ()))
+        best, reused = None, 0
         for candidate in candidates:
-            if count := candidate.reusable(raw):
-                shared = max(shared, candidate.layout.ends[count - 1])
-        return len(raw) - shared
+            count = candidate.reusable(raw)
+            if count > reused:
+                best, reused = candidate, count
+        return best, reused
 
     def parse(self, raw: bytes, key: str) -> Resent | None:
         """The body of `raw` when an earlier body shares a prefix of whole `key` elements with it; None
@@ -131,12 +144,11 @@ class ResentBodies:
             return None
         group = (key, raw[:self.group_prefix])
         with self._lock:
-            candidates = list(self._groups.get(group, ()))
-        best, reused = None, 0
-        for candidate in candidates:
-            count = candidate.reusable(raw)
-            if count > reused:
-                best, reused = candidate, count
+            probe = self._probes.pop(id(raw), None)
+        if probe is not None and probe[0] is raw and probe[1] == key:
+            best, reused = probe[2], probe[3]
+        else:
+            best, reused = self._best(group, raw)
         if best is None:
             return None
         layout = best.layout
@@ -179,6 +191,7 @@ class ResentBodies:
 
     def clear(self) -> None:
         with self._lock:
+            self._probes.clear()
             self._groups.clear()
             self._order.clear()
             self._bytes = 0

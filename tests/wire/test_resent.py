@@ -10,6 +10,7 @@ import orjson
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from proxy.wire import resent
 from proxy.wire.resent import ResentBodies, layout_of
 
 # Strings that would confuse a careless scanner: quotes, escapes, brackets, non-ASCII, a fake key.
@@ -43,10 +44,10 @@ def full(raw: bytes) -> Any:
 @given(st.lists(message, min_size=1, max_size=8), st.lists(message, max_size=4), styles,
        st.dictionaries(st.sampled_from(["model", "temperature", "metadata"]), tricky_text, max_size=2),
        st.dictionaries(st.sampled_from(["stream", "tools", "user"]), tricky_text, max_size=2),
-       st.integers(min_value=-1, max_value=7), tricky_text)
+       st.integers(min_value=-1, max_value=7), tricky_text, st.booleans())
 def test_a_resent_body_parses_as_a_full_parse_would(history: list[dict[str, Any]], more: list[dict[str, Any]],
                                                    style: str, before: dict[str, Any], after: dict[str, Any],
-                                                   edit: int, edited: str) -> None:
+                                                   edit: int, edited: str, probed: bool) -> None:
     cache = ResentBodies(min_bytes=0, group_prefix=1)
     first = body(history, style, before, after)
     parsed_first = full(first)
@@ -55,6 +56,8 @@ def test_a_resent_body_parses_as_a_full_parse_would(history: list[dict[str, Any]
     if 0 <= edit < len(resent):  # the client changed an earlier message (an edited history)
         resent = [*resent[:edit], {**resent[edit], "content": edited}, *resent[edit + 1:]]
     second = body(resent, style, before, after)
+    if probed:  # as the server does: how much is new first, then the parse (which takes what it found)
+        cache.fresh_bytes(second, "messages")
     got = cache.parse(second, "messages")
     event("reused" if got is not None else "parsed whole")
     if got is None:
@@ -160,3 +163,22 @@ def test_fresh_bytes_are_what_a_resend_adds() -> None:
     other = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "another session"}]})
     assert cache.fresh_bytes(other, "messages") == len(other)
     assert ResentBodies(limit_bytes=0).fresh_bytes(second, "messages") == len(second)  # cache off
+
+
+def test_a_parse_takes_what_fresh_bytes_found_and_holds_few_bodies_for_it(monkeypatch) -> None:
+    cache = ResentBodies(min_bytes=0, group_prefix=1)
+    history = [{"role": "user", "content": f"message {n} " + "x" * 500} for n in range(20)]
+    first = orjson.dumps({"model": "m", "messages": history})
+    cache.remember(first, "messages", orjson.loads(first))
+    compared = []
+    real = resent._Body.reusable
+    monkeypatch.setattr(resent._Body, "reusable", lambda self, raw: compared.append(raw) or real(self, raw))
+    second = orjson.dumps({"model": "m", "messages": [*history, {"role": "user", "content": "new"}]})
+    cache.fresh_bytes(second, "messages")
+    got = cache.parse(second, "messages")
+    assert got is not None and got.reused == 20 and compared == [second]  # compared once, not twice
+    assert cache.parse(second, "messages") is not None and len(compared) == 2  # (taken: compared anew)
+    for n in range(10):  # probes whose parse never came: at most PROBES bodies held
+        more = [*history, {"role": "user", "content": n}]
+        cache.fresh_bytes(orjson.dumps({"model": "m", "messages": more}), "messages")
+    assert len(cache._probes) == resent.PROBES
