@@ -159,6 +159,16 @@ class ArchiveWriter:
                 spooled += self._enqueue(encode_item(item))
         return spooled
 
+    def submit_small(self, record: ExchangeRecord, limit: int) -> int | None:
+        """`submit_many([record])` when that is sure to be quick (the event loop may make it): the record
+        is spooled relative to its session's previous one, writing messages of about `limit` bytes at
+        most, and the writer is far from full. Else None, having done nothing."""
+        with self._cond:  # (a Condition's lock is re-entrant: _enqueue takes it again)
+            if self._closed or self._queued_bytes + 2 * limit > self.max_queued_bytes // 2:
+                return None
+            payload = self._bases.encode(record, self.spool, small_only=limit)
+            return None if payload is None else self._enqueue(payload, record)
+
     @property
     def queued_bytes(self) -> int:
         return self._queued_bytes
@@ -180,6 +190,7 @@ class ArchiveWriter:
             if payload is None:
                 assert item is not None
                 payload = self._bases.encode(item, self.spool)
+                assert payload is not None  # (None only with small_only)
             try:
                 segment: int | None = self.spool.append(payload)
             except OSError as exc:

@@ -75,9 +75,12 @@ async def finish(state: ProxyState, wire: WireFormat, records: list[ExchangeReco
         metrics.tokens_after.labels(policy).inc(records[-1].tokens_after or 0)
     telemetry.records_done(records)  # its trace span's usage and models (a stream's span ends here)
     archive = state.archive
+    spooled: int | None = None
     if archive.has_room and all(_small(record) for record in records):
         spooled = archive.submit_many(records)  # a spool append that will not wait: no thread hop
-    else:
+    elif len(records) == 1 and _small_answer(records[0]):  # a resent history: only its new part is spooled
+        spooled = archive.submit_small(records[0], INLINE_BYTES)
+    if spooled is None:
         spooled = await anyio.to_thread.run_sync(archive.submit_many, records)
     metrics.archived_bytes.inc(spooled)
 
@@ -85,9 +88,13 @@ async def finish(state: ProxyState, wire: WireFormat, records: list[ExchangeReco
 def _small(record: ExchangeRecord) -> bool:
     """A record that encodes and spools in well under a millisecond: a short request (by its tokens,
     ~4 bytes each; forwarded messages are no longer) and a short answer."""
+    tokens = record.tokens_before
+    return tokens is not None and tokens * 4 <= INLINE_BYTES and _small_answer(record)
+
+
+def _small_answer(record: ExchangeRecord) -> bool:
     answer = len(record.response_body or b"") + sum(len(chunk) for chunk in record.response_chunks)
-    return record.tokens_before is not None and record.tokens_before * 4 <= INLINE_BYTES and \
-        answer <= INLINE_BYTES
+    return answer <= INLINE_BYTES
 
 
 def note_activity(first: ExchangeRecord, rounds: int, outcome: Outcome | None, calls: Counter[str],

@@ -109,8 +109,13 @@ class Spool:
         self.records += 1
         return self.segment
 
+    @property
+    def full(self) -> bool:
+        """The next append starts a new segment (and a new epoch)."""
+        return self.fd is not None and self.size >= SEGMENT_BYTES
+
     def rotate_if_full(self) -> None:
-        if self.fd is not None and self.size >= SEGMENT_BYTES:
+        if self.full:
             self._rotate()
 
     def _rotate(self) -> None:

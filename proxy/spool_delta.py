@@ -54,6 +54,23 @@ def shared(earlier: list[Any], later: list[Any], equal_tries: int = MAX_EQUAL_TR
         equal_tries, at = equal_tries - 1, at + 1
 
 
+def size_above(value: Any, limit: int) -> bool:
+    """Whether the strings in `value` (JSON-like) hold more than `limit` characters, with ~8 a node for
+    the rest; stops as soon as they do."""
+    stack, size = [value], 0
+    while stack:
+        item = stack.pop()
+        size += len(item) if isinstance(item, str | bytes) else 8
+        if size > limit:
+            return True
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
+
+
 def _same_bytes(one: Any, other: Any) -> bool:
     # (== alone is not enough: 1 == 1.0 == True, and key order is not compared; the replay must give
     # the record's own bytes back)
@@ -67,13 +84,25 @@ class Bases:
         self.min_base_bytes = min_base_bytes
         self._last: OrderedDict[Key, _Base] = OrderedDict()
 
-    def encode(self, record: ExchangeRecord, spool: Spool) -> bytes:
+    def encode(self, record: ExchangeRecord, spool: Spool, small_only: int | None = None) -> bytes | None:
         """The record's spool payload (relative to its session's previous record when that pays), and
-        the record remembered as the base of the next one. Call right before `spool.append`."""
-        spool.rotate_if_full()
+        the record remembered as the base of the next one. Call right before `spool.append`.
+        `small_only`: None (doing nothing) unless the messages it writes hold about that many bytes at
+        most (a caller on the event loop, which must not serialize a whole history)."""
         key = (record.tenant, record.session_id)
-        base = self._last.pop(key, None)
         request, forwarded = record.request_messages, record.forwarded_messages
+        if small_only is not None:
+            base = self._last.get(key)
+            if spool.full or base is None or base.epoch != spool.epoch or not isinstance(request, list):
+                return None
+            on_request = shared(base.request, request)
+            on_forwarded = shared(base.forwarded, forwarded) \
+                if isinstance(forwarded, list) and isinstance(base.forwarded, list) else 0
+            new = [request[on_request:], forwarded[on_forwarded:] if isinstance(forwarded, list) else None]
+            if on_request < MIN_SHARED or size_above(new, small_only):
+                return None
+        spool.rotate_if_full()
+        base = self._last.pop(key, None)
         here = _Base(spool.epoch, spool.records, request, forwarded)
         on_request = 0
         if base is not None and base.epoch == spool.epoch and isinstance(request, list):

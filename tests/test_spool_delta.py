@@ -33,17 +33,18 @@ def record(n: int, session: str, request: list[Any], forwarded: list[Any] | None
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 12), st.booleans(), st.booleans(),
-                          st.sampled_from([1, 1.0, True, "1"])),
+                          st.sampled_from([1, 1.0, True, "1"]), st.sampled_from([None, 40, 400])),
                 min_size=1, max_size=25))
 def test_every_record_comes_back_whole_from_the_spool(tmp_path_factory, steps):
     """Any mix of sessions growing, restarting (an edited history) or rewritten (forwarded lists whose
     block is made anew every time: equal to the last one, or equal but written differently, 1 / 1.0 /
-    True): what the spool holds, made whole in file order, is each record as submitted, byte for byte."""
+    True; tried first as the event loop would, for a small relative record only): what the spool holds,
+    made whole in file order, is each record as submitted, byte for byte."""
     spool = Spool(tmp_path_factory.mktemp("spool"))
     bases = Bases(min_base_bytes=0)
     histories: dict[int, list[dict[str, Any]]] = {}
     submitted, payloads = [], []
-    for n, (session, grow, edit, rewrite, flavour) in enumerate(steps):
+    for n, (session, grow, edit, rewrite, flavour, small_only) in enumerate(steps):
         history = histories.get(session, [])
         if edit and history:
             history = [{"role": "system", "content": f"edited {n}"}, *history[1:]]
@@ -51,7 +52,11 @@ def test_every_record_comes_back_whole_from_the_spool(tmp_path_factory, steps):
         histories[session] = history
         forwarded = [{"role": "system", "content": "block", "n": flavour}, *history[-3:]] if rewrite else None
         item = record(n, f"s{session}", history, forwarded)
-        payloads.append(bases.encode(item, spool))
+        small = bases.encode(item, spool, small_only=small_only) if small_only else None
+        if small is not None:
+            assert len(small) < len(encode_item(item))  # relative
+            event("small and relative")
+        payloads.append(small or bases.encode(item, spool))
         spool.append(payloads[-1])
         submitted.append(item)
     spool.close()
@@ -210,3 +215,30 @@ def test_a_rewritten_list_whose_blocks_are_made_anew_is_spooled_relative(tmp_pat
                 prepare=Expander())
     assert replayed == [encode_item(item) for item in items]
     assert b'"n":1.0' in replayed[2]
+
+
+def test_the_event_loop_spools_a_record_only_when_it_is_small_and_relative(tmp_path):
+    """ArchiveWriter.submit_small: None, having spooled nothing, for a session's first record and for a
+    resent history with a large new message; the spooled size for a small new part (then committed)."""
+    archive_path = tmp_path / "archive.db"
+    writer = ArchiveWriter(archive_path)
+    try:
+        history = [{"role": "user", "content": f"observation {k}: " + "x" * 2_000} for k in range(40)]
+        first = record(0, "s", history[:35])  # over MIN_BASE_BYTES: a base
+        assert writer.submit_small(first, 4_096) is None  # no base yet
+        assert writer.queued_bytes == 0 and not spool_bytes(archive_path)
+        writer.submit_many([first])
+        assert writer.submit_small(record(1, "s", [*history[:35], {"role": "user", "content": "y" * 9_000}]),
+                                   4_096) is None  # its new part is over the limit
+        spooled = writer.submit_small(record(2, "s", history[:37]), 8_192)
+        assert spooled is not None and 4_000 < spooled < 8_192
+        assert writer.flush(60)
+    finally:
+        writer.close()
+    reader = ArchiveReader(archive_path)
+    try:
+        leaves = reader.db.conn.execute("select id, request_leaf from exchanges order by id").fetchall()
+        assert [(exchange_id, len(reader.chain(leaf))) for exchange_id, leaf in leaves] == [
+            ("ex-0", 35), ("ex-2", 37)]
+    finally:
+        reader.close()
