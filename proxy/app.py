@@ -27,7 +27,7 @@ from proxy.errors import ContextLengthExceeded, CtxProxyError
 from proxy.exchange_end import ctxproxy_headers, finish, on_archived, overhead, spend_recorder
 from proxy.internal_tools import ToolContext
 from proxy.metrics import Metrics
-from proxy.offload import INLINE_BYTES, off_loop_if_large
+from proxy.offload import INLINE_BYTES, INLINE_FRESH_BYTES, off_loop_if_large
 from proxy.pins import PinStore
 from proxy.policy import LoadedPolicy, PolicyStore
 from proxy.relay import archived, open_and_read, relay_rest, relay_stream
@@ -213,7 +213,7 @@ async def rewrite_soon(state: ProxyState, conversation: pipeline.Conversation,
     whose new part is small and whose session is far from a batch; its session in memory and free, the
     archive far from full: nothing to wait for); else in a worker thread, as anything that may wait on a
     lock, a database or the disk must be, and input-sized work (token counting, summaries, batches)."""
-    if (size <= INLINE_BYTES or fresh <= INLINE_BYTES) and state.archive.has_room:
+    if (size <= INLINE_BYTES or fresh <= INLINE_FRESH_BYTES) and state.archive.has_room:
         context.wait, context.fresh_bytes = False, None if size <= INLINE_BYTES else fresh
         try:
             return rewrite(conversation, context, decoded)
