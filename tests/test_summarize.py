@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.summarize import detect_kind, gist, summarize
+from proxy.summarize.common import ERR_RE, has_error_word
 from proxy.summarize.detect import C_FN_RE, DEF_RE, LEVEL_RE, TS_RE, _is_def, _is_log_line
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -476,3 +477,15 @@ LOG_PIECES = ["2024-01-02 ", "2024-01-02T", "12:30", ":45", " INFO ", "info", "W
 @given(st.lists(st.sampled_from(LOG_PIECES), max_size=10).map("".join))
 def test_the_log_line_test_takes_its_shortcut_without_changing_its_answer(line: str) -> None:
     assert _is_log_line(line) == bool(TS_RE.search(line[:40]) or LEVEL_RE.search(line[:80]))
+
+
+ERR_PIECES = ["error", "ERROR", "Warn", "EXCEPTION", "traceback", "fail", "FaTaL", "panic", "denied",
+              "refused", "timeout", "timed out", "timed  out", "assert", "ASSERT", "x", " ", "err", "or",
+              "\u0131", "\u017f", "\u212a", "\u0130", "É", "ß", "pan\u0131c", "a\u017fsert", "den\u0131ed",
+              "TIMED OUT"]
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.lists(st.sampled_from(ERR_PIECES), max_size=8).map("".join) | st.text(max_size=40))
+def test_the_error_word_test_answers_as_the_case_insensitive_regex(line: str) -> None:
+    assert has_error_word(line) == bool(ERR_RE.search(line))

@@ -19,6 +19,15 @@ CRITICAL_SHARE, CRITICAL_MAX = 1.0, 48_000
 
 ERR_RE = re.compile(r"(?i)error|warn|exception|traceback|fail|fatal|panic|denied|refused|timeout|timed out"
                     r"|assert")
+_ERR_LOWER_RE = re.compile(ERR_RE.pattern.removeprefix("(?i)"))
+
+
+def has_error_word(line: str) -> bool:
+    """`ERR_RE.search(line)`, ~5x faster on ASCII text, where searching the lower-cased line case-sensitively
+    is the same test (outside ASCII, case-insensitive matching has its own equivalences: U+0131, U+017F)."""
+    if line.isascii():
+        return _ERR_LOWER_RE.search(line.lower()) is not None
+    return ERR_RE.search(line) is not None
 BREAK_RE = re.compile(r"[\r\n\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")  # everything splitlines() breaks on
 
 

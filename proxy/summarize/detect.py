@@ -8,7 +8,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from .common import ERR_RE
+from .common import has_error_word
 
 SCAN_LINES = 2000  # kind detection reads the start only: enough to classify, bounded cost
 
@@ -108,6 +108,6 @@ def _analyze(text: str, tool_name: str | None = None) -> _Analysis:
         defs = sum(is_def)
         code = sum(d or bool(CODE_LINE_RE.search(c[:300])) for c, d in zip(sample, is_def, strict=True))
         kind = "code" if (code * 10 >= n * 4 and defs) or code * 10 >= n * 6 else kind
-    if kind == "text" and sample and sum(bool(ERR_RE.search(c)) for c in sample) * 5 >= n:
+    if kind == "text" and sample and sum(map(has_error_word, sample)) * 5 >= n:
         kind = "log"
     return _Analysis(kind, lines, content=content, offset=offset, json_error=json_error)
