@@ -71,6 +71,7 @@ class SessionState:
     last_client: Prefix | None = None
     last_forwarded: Prefix | None = None
     decisions: Counter[str] = field(default_factory=Counter)
+    recorded: int = 0  # StateStore.record calls: a walk carried from before the last one is stale
     window: WindowState = field(default_factory=WindowState)
     injected_tokens: int = 0  # injected blocks besides the auto-summary, as of the last request
     memory: WorkingMemory = field(default_factory=WorkingMemory)
@@ -337,7 +338,7 @@ class StateStore:
                replacement: str, kind: str, handle: str | None = None) -> StoredResult:
         """Remember (or update) the replacement of one tool result and persist it with its original.
         `handle`: the one the replacement text already names (else a new one)."""
-        stored = state.lookup(call_id, content)
+        stored, state.recorded = state.lookup(call_id, content), state.recorded + 1
         if stored is None:
             stored = StoredResult(handle or state.new_handle(call_id), call_id, content, tool_name,
                                   replacement, kind)

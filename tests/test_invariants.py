@@ -32,8 +32,10 @@ SETTINGS = settings(max_examples=30, deadline=None,
 
 
 def make_policy(window: int, threshold: int = 120, sliding: bool = True) -> LoadedPolicy:
+    # (no assembly deadline: a slow run must not skip a block in one of the runs compared)
     policy = Policy.model_validate({"tool_results": {"threshold_tokens": threshold},
-                                    "budget": {"max_input_tokens": window}, "window": {"enabled": sliding}})
+                                    "budget": {"max_input_tokens": window}, "window": {"enabled": sliding},
+                                    "assembly": {"time_ms": 600_000}})
     return LoadedPolicy("prop", policy, None)
 
 

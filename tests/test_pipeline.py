@@ -26,10 +26,12 @@ MODEL = "gpt-4o"
 
 
 def policy(window_tokens: int, window_on: bool, budget_on: bool) -> LoadedPolicy:
+    # (no assembly deadline: a slow run must not skip a block in one of the runs compared)
     return LoadedPolicy("t", Policy.model_validate({
         "tool_results": {"threshold_tokens": 120},
         "budget": {"enabled": budget_on, "max_input_tokens": window_tokens},
-        "window": {"enabled": window_on, "max_tokens": window_tokens * 3 // 4}}), None)
+        "window": {"enabled": window_on, "max_tokens": window_tokens * 3 // 4},
+        "assembly": {"time_ms": 600_000}}), None)
 
 
 def context(store: StateStore, loaded: LoadedPolicy) -> pipeline.PipelineContext:

@@ -183,7 +183,7 @@ def summarize_large(messages: list[dict[str, Any]], state: SessionState, store: 
         out[index] = replaced(state, messages[index], stored.replacement)
     if carried is not None and not skip_before:
         applied = {id(w) for w in apply}
-        carried["layer1"] = (messages, out, len(state.by_key), settings,
+        carried["layer1"] = (messages, out, state.recorded, settings,
                              [w for w in waiting if id(w) not in applied])
     return out
 
@@ -197,7 +197,7 @@ def _carried_walk(messages: list[dict[str, Any]], found: list[Found], state: Ses
     settings; else nothing carried: (messages, [], 0)."""
     memo = carried.get("layer1") if carried is not None else None
     previous, shared = carried.get("shared", (None, 0)) if carried is not None else (None, 0)
-    if memo is None or memo[0] is not previous or not shared or memo[2] != len(state.by_key) \
+    if memo is None or memo[0] is not previous or not shared or memo[2] != state.recorded \
             or memo[3] != settings:
         return messages, [], 0
     _, out_before, _, _, waiting_before = memo

@@ -84,8 +84,10 @@ def test_shared_prefix_compares_objects_not_values() -> None:
 
 def session_outputs(prefixes: list[list[dict[str, Any]]], window_tokens: int, carry: bool) -> list[Any]:
     """What the pipeline forwards for each request of one session (the same message objects resent)."""
+    # (no assembly deadline: a slow run must not skip a block in one of the runs compared)
     loaded = LoadedPolicy("t", Policy.model_validate({
-        "tool_results": {"threshold_tokens": 120}, "budget": {"max_input_tokens": window_tokens}}), None)
+        "tool_results": {"threshold_tokens": 120}, "budget": {"max_input_tokens": window_tokens},
+        "assembly": {"time_ms": 600_000}}), None)
     store, outputs, tokens = StateStore(), [], TokenCounter()
     walk = tool_results._carried_walk if carry else (lambda messages, *_: (messages, [], 0))
     with mock.patch.object(tool_results, "_carried_walk", walk), \
@@ -138,3 +140,31 @@ def test_summaries_waiting_in_a_carried_walk_still_pay_off_together() -> None:
 
     first = next(i for i, output in enumerate(carried) if summaries(output))
     assert summaries(carried[first]) == 2 and summaries(carried[first - 1]) == 0  # the waiting one too
+
+
+def test_a_summary_masked_later_is_not_carried_as_a_summary() -> None:
+    """Hypothesis found it: masking turns a result already summarized into a placeholder (its record
+    changes kind; the number of stored results does not). The next request must forward the placeholder,
+    not the summary the carried layer-1 output still held."""
+    store, counter = StateStore(), TokenCounter()
+    log = "\n".join(f"INFO worker {k % 3} processed ok" for k in range(200))
+    history: list[dict[str, Any]] = [
+        {"role": "system", "content": "agent"}, {"role": "user", "content": "fix it"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c0", "type": "function", "function": {"name": "run", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c0", "content": log}]
+
+    def layer_one(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        with store.session("t", "s") as state:
+            return tool_results.summarize_large(
+                messages, state, store, lambda m: counter.message(m, "gpt-4o"), 120, enabled=True,
+                carried=state.walks)
+
+    with store.session("t", "s") as state:  # our tools are offered already: a summary applies at once
+        state.window.cut, state.window.headlines = 0, [mock.sentinel.headline]
+    first = layer_one(history)
+    assert str(first[3]["content"]).startswith("[ctxproxy summary")
+    with store.session("t", "s") as state:  # what the window's masking does to it
+        store.record(state, "c0", log, "run", "[masked c0]", tool_results.PLACEHOLDER)
+    second = layer_one([*history, {"role": "user", "content": "and now?"}])
+    assert second[3]["content"] == "[masked c0]"

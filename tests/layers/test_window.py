@@ -28,9 +28,10 @@ def clock() -> float:
 
 
 def policy(window_tokens: int, summary_tokens: int = 10_000) -> LoadedPolicy:
+    # (no assembly deadline: a slow run must not skip a block in one of the runs compared)
     return LoadedPolicy("t", Policy.model_validate({
         "tool_results": {"threshold_tokens": 120}, "budget": {"max_input_tokens": window_tokens},
-        "summary": {"max_tokens": summary_tokens}}), None)
+        "summary": {"max_tokens": summary_tokens}, "assembly": {"time_ms": 600_000}}), None)
 
 
 Seen = tuple[pipeline.Outcome, str | None]  # what was forwarded, and the auto-summary block

@@ -66,8 +66,10 @@ def CLOCK() -> float:  # headlines carry times: a fixed clock keeps the two runs
 
 
 def make_policy(window: int, threshold: int = 120) -> LoadedPolicy:
+    # (no assembly deadline: a slow run must not skip a block in one of the runs compared)
     policy = Policy.model_validate({"tool_results": {"threshold_tokens": threshold},
-                                    "budget": {"max_input_tokens": window}, "window": {"enabled": True}})
+                                    "budget": {"max_input_tokens": window}, "window": {"enabled": True},
+                                    "assembly": {"time_ms": 600_000}})
     return LoadedPolicy("prop", policy, None)
 
 
