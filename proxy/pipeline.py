@@ -84,7 +84,8 @@ class PipelineContext:
 
 @telemetry.traced("ctxproxy.pipeline", telemetry.outcome_attributes)  # spans: no-op without telemetry
 def run(conversation: Conversation, context: PipelineContext) -> Outcome:
-    """Rewrite one request. Runs in a worker thread; one request of a session at a time."""
+    """Rewrite one request, one of a session at a time: in a worker thread, or on the event loop
+    (`context.wait` False) when nothing in it waits and its work is in proportion to what is new."""
     with context.store.session(context.tenant, context.session.id, wait=context.wait) as state:
         if not context.wait and context.fresh_bytes is not None and not little_to_do(state, context,
                                                                                       conversation):

@@ -44,9 +44,8 @@ def shared(earlier: list[Any], later: list[Any], equal_tries: int = MAX_EQUAL_TR
     """How many leading elements of `later` are the very objects of `earlier`, or (at most `equal_tries`
     of them) other objects that serialize to the same bytes: the blocks the pipeline injects are made
     anew every request, so the forwarded list would otherwise share only what precedes the first."""
-    size, at = min(len(earlier), len(later)), 0
+    size, at, islice = min(len(earlier), len(later)), 0, itertools.islice
     while True:
-        islice = itertools.islice
         differing = map(operator.is_not, islice(earlier, at, None), islice(later, at, None))
         at = next(itertools.compress(itertools.count(at), differing), size)
         if at >= size or equal_tries <= 0 or not _same_bytes(earlier[at], later[at]):
