@@ -182,8 +182,9 @@ def test_small_records_are_no_base(tmp_path):
     spool = Spool(tmp_path)
     bases = Bases()
     history = [{"role": "user", "content": f"m{k}"} for k in range(20)]
-    _, second = (bases.encode(record(n, "s", history[:10 + n]), spool) for n in range(2))
-    assert second == encode_item(record(1, "s", history[:11]))  # whole
+    records = [record(n, "s", history[:10 + n]) for n in range(2)]  # (created once: their times)
+    _, second = (bases.encode(item, spool) for item in records)
+    assert second == encode_item(records[1])  # whole
     big = [{"role": "user", "content": "x" * 70_000}, *history]
     whole = bases.encode(record(2, "s", big[:10]), spool)
     spool.append(whole)
