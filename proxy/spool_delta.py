@@ -15,14 +15,13 @@ arriving after close are always spooled whole.
 
 from __future__ import annotations
 
-import itertools
-import operator
 from collections import OrderedDict
 from typing import Any
 
 from proxy.archive_codec import dumps
 from proxy.archive_items import ExchangeRecord, decode_item, encode_item, unknown_kind
 from proxy.spool import Spool
+from proxy.wire.resent import same_objects
 
 MAX_SESSIONS = 4096  # sessions whose last spooled record is remembered as a base
 MIN_SHARED = 8  # fewer shared messages than this: spooled whole (not worth a reference)
@@ -44,10 +43,9 @@ def shared(earlier: list[Any], later: list[Any], equal_tries: int = MAX_EQUAL_TR
     """How many leading elements of `later` are the very objects of `earlier`, or (at most `equal_tries`
     of them) other objects that serialize to the same bytes: the blocks the pipeline injects are made
     anew every request, so the forwarded list would otherwise share only what precedes the first."""
-    size, at, islice = min(len(earlier), len(later)), 0, itertools.islice
+    size, at = min(len(earlier), len(later)), 0
     while True:
-        differing = map(operator.is_not, islice(earlier, at, None), islice(later, at, None))
-        at = next(itertools.compress(itertools.count(at), differing), size)
+        at = same_objects(earlier, later, at)
         if at >= size or equal_tries <= 0 or not _same_bytes(earlier[at], later[at]):
             return at
         equal_tries, at = equal_tries - 1, at + 1
@@ -90,31 +88,28 @@ class Bases:
         most (a caller on the event loop, which must not serialize a whole history)."""
         key = (record.tenant, record.session_id)
         request, forwarded = record.request_messages, record.forwarded_messages
-        if small_only is not None:
-            base = self._last.get(key)
-            if spool.full or base is None or base.epoch != spool.epoch or not isinstance(request, list):
-                return None
-            on_request = shared(base.request, request)
-            on_forwarded = shared(base.forwarded, forwarded) \
-                if isinstance(forwarded, list) and isinstance(base.forwarded, list) else 0
-            new = [request[on_request:], forwarded[on_forwarded:] if isinstance(forwarded, list) else None]
+        base = self._last.get(key)
+        if spool.full or base is None or base.epoch != spool.epoch or not isinstance(request, list):
+            base = None  # (a full segment is rotated first: a new epoch, where nothing is a base yet)
+        on_request = shared(base.request, request) if base is not None else 0
+        on_forwarded = -1  # forwarded unchanged (None) or spooled whole
+        if base is not None and on_request >= MIN_SHARED and isinstance(forwarded, list) \
+                and isinstance(base.forwarded, list):
+            on_forwarded = shared(base.forwarded, forwarded)
+        if small_only is not None:  # what a relative record would write: the new messages of each list
+            new_forwarded = forwarded[max(on_forwarded, 0):] if isinstance(forwarded, list) else None
+            new = [request[on_request:], new_forwarded]
             if on_request < MIN_SHARED or size_above(new, small_only):
                 return None
         spool.rotate_if_full()
-        base = self._last.pop(key, None)
+        self._last.pop(key, None)
         here = _Base(spool.epoch, spool.records, request, forwarded)
-        on_request = 0
-        if base is not None and base.epoch == spool.epoch and isinstance(request, list):
-            on_request = shared(base.request, request)
         if on_request < MIN_SHARED:
             payload = encode_item(record)
             if len(payload) >= self.min_base_bytes:
                 self._remember(key, here)
             return payload
         assert base is not None  # (messages were shared with it)
-        on_forwarded = -1  # forwarded unchanged (None) or spooled whole
-        if isinstance(forwarded, list) and isinstance(base.forwarded, list):
-            on_forwarded = shared(base.forwarded, forwarded)
         self._remember(key, here)
         return encode_item(record, relative=(base.index, on_request, on_forwarded))
 

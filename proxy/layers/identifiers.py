@@ -40,11 +40,11 @@ _PATH = re.compile(r"(?<![\w.:/])(?:\.{0,2}/)?(?:[\w.@+-]+/)+[\w.@+-]*[\w@+-]"
                    r"|(?<![\w./-])[\w-]+\.(?:py|js|ts|tsx|jsx|go|rs|java|c|h|cc|cpp|hpp|rb|php|cs|kt|swift|sh"
                    r"|yaml|yml|json|toml|cfg|ini|txt|md|rst|html|css|sql|lock|xml|csv|log)\b")
 _URL = re.compile(r"[a-z][a-z0-9+.-]*://\S+")
-_ERROR = re.compile(r"(?i)\b(?:error|exception|traceback|failed|failure|fatal|panic|denied|not found)\b"
-                    r"|\w+(?:Error|Exception)\b|^=+ .*\b(?:passed|failed)\b")
+_ERROR_WORDS = (r"(?i)\b(?:error|exception|traceback|failed|failure|fatal|panic|denied|not found)\b"
+                r"|\w+(?:Error|Exception)\b|")
+_ERROR = re.compile(_ERROR_WORDS + r"^=+ .*\b(?:passed|failed)\b")  # in one stripped line
 # Found wherever _ERROR finds something in a line (unanchored: a line may start past a \r or a \f).
-_ANY_ERROR = re.compile(r"(?i)\b(?:error|exception|traceback|failed|failure|fatal|panic|denied|not found)\b"
-                        r"|\w+(?:Error|Exception)\b|=+ .*\b(?:passed|failed)\b")
+_ANY_ERROR = re.compile(_ERROR_WORDS + r"=+ .*\b(?:passed|failed)\b")
 # The lines that say what went wrong: `ValueError: ...`, `FAILED tests/x.py::t`, `2 failed, 72 passed`.
 _DECISIVE = re.compile(r"^\s*(?:[\w.]*(?:Error|Exception|Exit|Interrupt)\b:?|FAILED\b|E\s{2,}\w)"
                        r"|\b\d+ (?:failed|errors?)\b|^Error:")

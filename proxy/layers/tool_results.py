@@ -15,6 +15,7 @@ from proxy import heavy
 from proxy.layers.observations import Observations, handle_for, task_end
 from proxy.state import SessionState, StateStore
 from proxy.summarize import gist, summarize
+from proxy.wire.resent import same_objects
 
 SUMMARY = "summary"
 PLACEHOLDER = "placeholder"
@@ -86,7 +87,7 @@ def found_in(messages: list[dict[str, Any]], observations: Observations | None,
         if previous is messages and seen_observations is observations:
             return found
         if seen_observations is observations and seen_first_free == first_free:
-            shared = shared_prefix(previous, messages)
+            shared = same_objects(previous, messages)
             found = found[:bisect.bisect_left(found, shared, key=operator.itemgetter(0))]
     if not shared:
         found = []
@@ -94,15 +95,6 @@ def found_in(messages: list[dict[str, Any]], observations: Observations | None,
     carried["results"] = (messages, observations, first_free, found)
     carried["shared"] = (memo[0] if memo is not None else None, shared)  # (for summarize_large)
     return found
-
-
-def shared_prefix(previous: list[Any], messages: list[Any]) -> int:
-    """How many leading elements of the two lists are the very same objects (compared in C)."""
-    same = list(map(operator.is_, previous, messages))
-    try:
-        return same.index(False)
-    except ValueError:
-        return len(same)
 
 
 def calls_by_id(messages: list[dict[str, Any]]) -> dict[str, tuple[str, str | None]]:

@@ -20,6 +20,7 @@ CRITICAL_SHARE, CRITICAL_MAX = 1.0, 48_000
 ERR_RE = re.compile(r"(?i)error|warn|exception|traceback|fail|fatal|panic|denied|refused|timeout|timed out"
                     r"|assert")
 _ERR_LOWER_RE = re.compile(ERR_RE.pattern.removeprefix("(?i)"))
+BREAK_RE = re.compile(r"[\r\n\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")  # everything splitlines() breaks on
 
 
 def has_error_word(line: str) -> bool:
@@ -28,7 +29,6 @@ def has_error_word(line: str) -> bool:
     if line.isascii():
         return _ERR_LOWER_RE.search(line.lower()) is not None
     return ERR_RE.search(line) is not None
-BREAK_RE = re.compile(r"[\r\n\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")  # everything splitlines() breaks on
 
 
 def _clip(s: str, width: int) -> str:

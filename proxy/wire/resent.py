@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import itertools
+import operator
 import re
 import threading
 from collections import OrderedDict
@@ -295,6 +297,14 @@ def _elements(raw: bytes, position: int) -> tuple[list[int], int] | None:
 
 
 BODIES = ResentBodies()  # one per process: the codecs are stateless, this is their shared memory
+
+
+def same_objects(earlier: list[Any], later: list[Any], start: int = 0) -> int:
+    """Where, from `start` on, the two lists first hold different objects (compared by identity in C,
+    stopping at the first difference): a resent history's messages are the very objects parsed before."""
+    islice = itertools.islice
+    differing = map(operator.is_not, islice(earlier, start, None), islice(later, start, None))
+    return next(itertools.compress(itertools.count(start), differing), min(len(earlier), len(later)))
 
 
 def parsed(raw: bytes, key: str, loads: Callable[[bytes], Any]) -> tuple[Any, int, Resent | None]:

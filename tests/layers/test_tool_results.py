@@ -12,11 +12,12 @@ from hypothesis import strategies as st
 from proxy import pipeline
 from proxy.layers import tool_results
 from proxy.layers.observations import Observations
-from proxy.layers.tool_results import found_in, results, shared_prefix
+from proxy.layers.tool_results import found_in, results
 from proxy.policy import LoadedPolicy, Policy
 from proxy.session import Session
 from proxy.state import StateStore
 from proxy.tokens import TokenCounter
+from proxy.wire.resent import same_objects
 from tests.strategies import CLIENT_TOOLS, long_conversation, request_prefixes
 
 OBSERVATIONS = Observations(size_tokens=50)
@@ -75,11 +76,11 @@ def test_the_walk_starts_where_the_history_differs() -> None:
     assert 3 not in walked and {4, 5} <= set(walked)
 
 
-def test_shared_prefix_compares_objects_not_values() -> None:
+def test_the_shared_prefix_compares_objects_not_values() -> None:
     a, b = message(0, 1), message(0, 1)
-    assert shared_prefix([a, b], [a, b, a]) == 2
-    assert shared_prefix([a, b], [a, dict(b)]) == 1
-    assert shared_prefix([], [a]) == 0
+    assert same_objects([a, b], [a, b, a]) == 2
+    assert same_objects([a, b], [a, dict(b)]) == 1
+    assert same_objects([], [a]) == 0
 
 
 def session_outputs(prefixes: list[list[dict[str, Any]]], window_tokens: int, carry: bool) -> list[Any]:
