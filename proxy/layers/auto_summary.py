@@ -183,6 +183,7 @@ def headline(messages: list[dict[str, Any]], at: float, count: Count, *,
 
 AGE_LABELS = ("Earlier in this session", "Yesterday", "This week", "Older")
 FULL, BRIEF, BARE = 2, 1, 0  # detail levels an entry sheds, oldest first, to fit the budget
+BARE_HANDLES = 3  # read-back handles a bare line still shows
 
 
 def _age_label(at: float, now: float) -> str:
@@ -232,6 +233,11 @@ def _line(entry: Headline, level: int) -> str:
         parts.append(f"tools: {entry.tools}")
     elif entry.model_line:  # bare: the model's line, short, still beats the first action
         parts = [*parts[:1 if said else 0], clip(entry.model_line, SNIPPET)]
+    if level == BARE:  # its handles stay (one read_tool_result away), in place of the time of day
+        handles = [s["handle"] for s in steps if isinstance(s, dict) and s.get("handle")]
+        if handles:
+            parts.append(" ".join(f"[call_id={h}]" for h in handles[:BARE_HANDLES]))
+        return f"- ({size}) " + " · ".join(parts)
     if level == FULL and entry.outcome and not entry.model_line:
         parts.append(f"→ {entry.outcome}")
     return f"- ({when}, {size}) " + " · ".join(parts)
@@ -245,7 +251,8 @@ def full_line_tokens(entry: Headline, count_text: Callable[[str], int]) -> int:
 
 def render(entries: list[Headline], now: float, max_tokens: int, count_text: Callable[[str], int]) -> str:
     """The block's text. Older entries shed their details first (full → brief → the user's words or what
-    was asked), then are dropped and counted: entries without the user's words before those with them.
+    was asked, with the handles), then are dropped and counted: entries without the user's words before
+    those with them.
 
     Line costs are measured once; the block is composed once, then checked (and trimmed if the
     estimate was off by a few tokens).
