@@ -36,6 +36,7 @@ FILE_RE = re.compile(r"(?<![\w./@+-])[\w@+-][\w.@+-]*\.(?:py|pyi|pyx|js|mjs|ts|t
                      r"|xml|csv|log|in|tex|svg|png|conf|bat|mk|ipynb|pkl|enc)(?![\w/@+-])")
 ID_RE = re.compile(r"(?<![\w/-])(?=[\w-]*\d)(?=[\w-]*[A-Za-z])[A-Za-z0-9][\w-]{3,63}(?![\w/-])")
 URL_RE = re.compile(r"(?<![a-z0-9+.-])[a-z][a-z0-9+.-]{0,30}://[^\s\"'<>()]+")
+_DIGIT = re.compile(r"\d").search  # every ID_RE match has one
 MAX_TOKENS = 5000  # distinct paths or ids collected; the rest is counted, bounded memory on huge inputs
 
 
@@ -121,24 +122,32 @@ def collapsed(lines: list[str], indices: list[int], base: int = 0, width: int = 
 
 
 def find_paths(text: str) -> list[str]:
+    """Paths in order of first appearance (PATH_RE's, then FILE_RE's), URLs left whole.
+
+    Only the words that can hold a match are scanned (one a line): no pattern here matches whitespace or
+    has it in a lookaround's class, so a word finds the same matches alone as in the text."""
     found: dict[str, None] = {}
-    for regex in (PATH_RE, FILE_RE):
-        for m in regex.finditer(text):
+    words = text.split()
+    slashed = "\n".join([word for word in words if "/" in word or "\\" in word])
+    dotted = "\n".join([word for word in words if "." in word])
+    for regex, hay in ((PATH_RE, slashed), (FILE_RE, dotted)):
+        for m in regex.finditer(hay):
             path = m.group().rstrip(".,:;")
-            if (m.start() and text[m.start() - 1] in ":/") or len(path) < 3 or path.count("/") == len(path):
+            if (m.start() and hay[m.start() - 1] in ":/") or len(path) < 3 or path.count("/") == len(path):
                 continue
             found[path] = None
             if len(found) >= MAX_TOKENS:
                 break
-    for m in URL_RE.finditer(text):  # a URL's tail looks like a path: keep the URL whole instead
-        found.pop(m.group().split("://", 1)[1], None)
+    if "://" in text:  # a URL's tail looks like a path: keep the URL whole instead
+        for m in URL_RE.finditer(text):
+            found.pop(m.group().split("://", 1)[1], None)
     return list(found)
 
 
 def find_ids(text: str, skip: Iterable[str] = ()) -> list[str]:
     skipped = set(skip)
     found: dict[str, None] = {}
-    for m in ID_RE.finditer(text):
+    for m in ID_RE.finditer("\n".join(filter(_DIGIT, text.split()))):  # (words as in find_paths)
         token = m.group()
         if token not in skipped and not token.replace("-", "").isdigit():
             found[token] = None
