@@ -172,11 +172,13 @@ def group_paths(paths: list[str]) -> list[str]:
 
 
 def salient_secs(lines: list[str], text: str, base: int = 0, shown: str = "", *,
-                 skip: set[int] | frozenset[int] = frozenset(), warnings: bool = True) -> list[_Sec]:
+                 skip: set[int] | frozenset[int] = frozenset(), warnings: bool = True,
+                 flagged: tuple[list[int], list[int]] | None = None) -> list[_Sec]:
     """Error lines (critical; not those in `skip`, shown elsewhere), warnings (not for source code, where
-    `timeout = 5` is no warning), then the paths and ids not already in `shown` (critical)."""
+    `timeout = 5` is no warning), then the paths and ids not already in `shown` (critical). `flagged`:
+    what `flag_lines(lines)` gave, when the caller has it already."""
     secs: list[_Sec] = []
-    strong, weak = flag_lines(lines)
+    strong, weak = flagged if flagged is not None else flag_lines(lines)
     strong, weak = [i for i in strong if i not in skip], [i for i in weak if i not in skip and warnings]
     err = collapsed(lines, strong[:MAX_ERR], base)
     if err:

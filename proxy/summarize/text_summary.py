@@ -41,7 +41,7 @@ def _lines_summary(an: _Analysis, text: str, max_chars: int, cap: int | None = N
     header = (f"{kind}, {_plural(n, 'line')}, {_plural(len(strong) + len(weak), 'error line')}, "
               f"{len(text)} chars{notes}" if text else f"{kind}, empty")
     secs = [_Sec([_clip(header, LINE_W)], weight=50, critical=True), *(front or [])]
-    secs += salient_secs(lines, text, base, shown, skip=skip)
+    secs += salient_secs(lines, text, base, shown, skip=skip, flagged=(strong, weak))
     if context:
         secs += [_Sec(head, "lines:" if split == n else "first lines:", "lines", 2),
                  _Sec(tail, "last lines:", "lines", 2, tail=True)]
