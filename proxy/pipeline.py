@@ -265,11 +265,17 @@ def observe_entities(messages: list[dict[str, Any]], state: SessionState, contex
     if seen == len(messages):
         return
     state.memory.max_entities = settings.max_entities
+    before = state.memory.entities  # (observing an entity makes a new list)
     observe_messages(state.memory, messages, max_from_list=settings.max_from_list,
                      type_patterns=settings.type_patterns or None, start=seen)
     state.memory_seen, state.memory_last = len(messages), messages[-1]
-    context.store.save_memory(state, "working", {"version": 1, "memory": state.memory.to_dict(),
-                                                 "seen": state.memory_seen, "last": state.memory_last})
+    if not seen or state.memory.entities is not before:
+        # Saved when it starts (which also marks the session as one that existed, after a restart) and when
+        # it changes: a session restored with an older `seen` observes the messages since again, which
+        # changed nothing the first time and change nothing now. (Saved every turn, a session whose results
+        # name no entity — a text-protocol agent's — wrote its last message out on every request.)
+        context.store.save_memory(state, "working", {"version": 1, "memory": state.memory.to_dict(),
+                                                     "seen": state.memory_seen, "last": state.memory_last})
 
 
 def needs_model_summaries(conversation: Conversation, context: PipelineContext) -> Pending:

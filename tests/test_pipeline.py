@@ -1,6 +1,7 @@
 """A large resent request is rewritten on the event loop only when its work is in proportion to what is
 new (pipeline.little_to_do): such a run makes no batch — nothing masked, evicted or pruned by the gate —
-and a request that might is turned away before anything is done, then runs as it would have."""
+and a request that might is turned away before anything is done, then runs as it would have. Working
+memory is saved when it starts or changes, and a session restored from it ends up the same."""
 
 from __future__ import annotations
 
@@ -100,3 +101,73 @@ def test_the_same_bytes_whichever_way_a_request_runs() -> None:
         assert trying.messages == plain.messages and trying.tools == plain.tools
         previous = end
     assert tried[True] and tried[False]  # both ways were taken
+
+
+class Archive:
+    """The archive writer and reader for one process's StateStore: rows are readable once persisted (a
+    session_memory row is replaced by the next of its kind, as the real upsert does)."""
+
+    def __init__(self) -> None:
+        self.memory_rows: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.working_writes = 0
+
+    def persist(self, row: Any) -> None:
+        if row.table == "session_memory":
+            self.memory_rows[(row.row["tenant"], row.row["session_id"], row.row["kind"])] = row.row
+            self.working_writes += row.row["kind"] == "working"
+
+    def tool_result_rows(self, tenant: str, session_id: str) -> list[dict[str, Any]]:
+        return []
+
+    def tool_result_by_handle(self, tenant: str, handle: str) -> None:
+        return None
+
+    def session_window(self, tenant: str, session_id: str) -> None:
+        return None
+
+    def session_memory(self, tenant: str, session_id: str, kind: str) -> dict[str, Any] | None:
+        return self.memory_rows.get((tenant, session_id, kind))
+
+
+def entity_turns(turns: list[bool]) -> list[dict[str, Any]]:
+    """A tool loop: each turn's result names an order (an entity for working memory) or is plain text."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You handle orders."},
+                                      {"role": "user", "content": "Check my orders, then build the report."}]
+    for k, names_one in enumerate(turns):
+        name, result = ("get_order", orjson.dumps({"order_id": f"ORD-{k:04d}", "name": f"Order {k}",
+                                                   "status": "shipped"}).decode()) \
+            if names_one else ("bash", f"step {k}: compiled ok, nothing to report")
+        call = {"id": f"c{k}", "type": "function", "function": {"name": name, "arguments": "{}"}}
+        messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": f"c{k}", "content": result}]
+    return messages
+
+
+@settings(max_examples=30, deadline=None)
+@given(turns=st.lists(st.booleans(), min_size=2, max_size=12), restart_at=st.integers(1, 11))
+def test_working_memory_is_saved_when_it_starts_or_changes_and_restores_the_same(
+        turns: list[bool], restart_at: int) -> None:
+    loaded = LoadedPolicy("t", Policy.model_validate({"working_memory": {"inject": "always"},
+                                                      "assembly": {"time_ms": 600_000}}), None)
+    archive = Archive()
+    live = StateStore(persist=archive.persist, lookup=archive)
+    messages = entity_turns(turns)
+    prefixes = [messages[:end] for end in range(4, len(messages) + 1, 2)]  # each ends with a result
+    changes = 0
+    for number, prefix in enumerate(prefixes):
+        before = list(state.memory.entities) if (state := live.get("tenant-a", "s")) else []
+        pipeline.run(pipeline.Conversation(MODEL, prefix, None), context(live, loaded))
+        changes += number == 0 or turns[number]  # the first turn starts it; an order moves to the front
+        assert live.get("tenant-a", "s").memory.entities != before or not turns[number] or number == 0
+        if number + 1 == min(restart_at, len(prefixes) - 1):
+            # A restart here: a new process builds the session from what was saved, and the next
+            # request leaves it with the same working memory as the live process's.
+            restarted = StateStore(persist=lambda row: None, lookup=archive)
+            following = prefixes[number + 1]
+            pipeline.run(pipeline.Conversation(MODEL, following, None), context(restarted, loaded))
+            mirror = StateStore(persist=lambda row: None, lookup=None)
+            for earlier in prefixes[:number + 2]:
+                pipeline.run(pipeline.Conversation(MODEL, earlier, None), context(mirror, loaded))
+            restored, whole = restarted.get("tenant-a", "s"), mirror.get("tenant-a", "s")
+            assert restored.memory.entities == whole.memory.entities
+    assert archive.working_writes == changes  # plain-text turns write nothing
