@@ -137,8 +137,7 @@ def _run(conversation: Conversation, context: PipelineContext, state: SessionSta
     before = tokens.request(conversation.messages, conversation.tools, model)
     decided_before = Counter(state.decisions)
 
-    def count(message: dict[str, Any]) -> int:
-        return tokens.message(message, model)
+    count = tokens.counter(model)
 
     # A client tool named like one of ours: we cannot offer our tools, so replace and evict nothing.
     can_offer_tools = not client_defines_internal_name(conversation.tools)

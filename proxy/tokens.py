@@ -163,6 +163,20 @@ class TokenCounter:
             scoped[id(message)] = (message, found)
         return found
 
+    def counter(self, model: str) -> Callable[[dict[str, Any]], int]:
+        """`lambda m: self.message(m, model)` for the request scope this thread is in, but a message counted
+        before in it costs one lookup: the layers ask for the same messages' counts many times."""
+        counts: Scoped | None = getattr(self._scope, "counts", None)
+        if counts is None:
+            return lambda message: self.message(message, model)
+        get = counts.setdefault(model, {}).get
+        message_count = self.message
+
+        def count(message: dict[str, Any]) -> int:
+            hit = get(id(message))
+            return hit[1] if hit is not None else message_count(message, model)
+        return count
+
     def messages(self, messages: list[dict[str, Any]], model: str) -> int:
         counts: Scoped | None = getattr(self._scope, "counts", None)
         scoped = None if counts is None else counts.get(model)

@@ -19,6 +19,7 @@ from proxy.layers.tool_results import EVICTED, Found, calls_by_id, found_in, mas
 from proxy.layers.window import Evicted
 from proxy.policy import Policy
 from proxy.state import SessionState, StateStore
+from proxy.tokens import REPLY_PRIMING
 
 if TYPE_CHECKING:
     from proxy.pipeline import Conversation, PipelineContext
@@ -45,8 +46,7 @@ def slide_window(original: list[dict[str, Any]], forwarded: list[dict[str, Any]]
     internal = with_internal_tools(None, read=True, recall=True) or []
     fixed = tokens.tools([*(conversation.tools or []), *internal], model) + state.injected_tokens
 
-    def count(message: dict[str, Any]) -> int:
-        return tokens.message(message, model)
+    count = tokens.counter(model)
 
     found = found_in(original, observations, state.walks)
     observed = frozenset(i for i, _ in found if original[i].get("role") == "user")
@@ -57,7 +57,7 @@ def slide_window(original: list[dict[str, Any]], forwarded: list[dict[str, Any]]
     cut = window.sticky_cut(original, state, lambda t: tokens.text(t, model), context.now())
     view = window.kept_view(original, cut, observed)
     block = state.window.block_tokens if state.window.block else 0
-    total = fixed + block + sum(count(forwarded[i]) for i in view)
+    total = fixed + block + tokens.messages([forwarded[i] for i in view], model) - REPLY_PRIMING
     batch_above = early if breaking else None
     if total > (batch_above or budget_tokens) and policy.tool_results.enabled:
         start = max(cut or 0, window.head_end(original), doomed)  # what the cut removes needs no mask

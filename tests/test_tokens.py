@@ -33,3 +33,21 @@ def test_the_server_never_imports_litellm():
             "print('litellm' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_request_scopes_counter_counts_what_message_counts():
+    """`counter(model)` is the per-request shortcut the layers use: in a request scope and out of it, for
+    messages counted before and new ones, it gives `message`'s count (and counts a new one once)."""
+    from proxy.tokens import TokenCounter
+
+    tokens, model = TokenCounter(), "gpt-4o"
+    messages = [{"role": "user", "content": f"message {n} " + "word " * n} for n in range(30)]
+    expected = [tokens.message(m, model) for m in messages]
+    assert [tokens.counter(model)(m) for m in messages] == expected  # outside any scope
+    with tokens.request_scope():
+        count = tokens.counter(model)
+        assert [count(m) for m in messages[:10]] == expected[:10]
+        assert tokens.messages(messages, model) == 3 + sum(expected)  # the rest counted here
+        assert [count(m) for m in messages] == expected  # now all looked up
+        edited = {**messages[5], "content": "another text entirely, longer than the first one was"}
+        assert count(edited) == tokens.message(edited, model) != expected[5]
