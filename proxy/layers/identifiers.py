@@ -51,6 +51,10 @@ _DECISIVE = re.compile(r"^\s*(?:[\w.]*(?:Error|Exception|Exit|Interrupt)\b:?|FAI
 # A line handing over a credential: its tokens are not repeated in a block that rides along in every request.
 _CREDENTIAL = re.compile(r"(?i)\b(?:\w*key|secret|token|password|passwd|pwd|credentials?)\b\s*(?:is\b|=|:)")
 _HEX_ONLY = re.compile(r"[0-9a-f]+")
+_MARK = re.compile(r"[\d./]").search  # every _PATH match has a slash or a dot, every _ID match a digit
+# Lower-case words every match of _ANY_ERROR, of _CREDENTIAL contains (the cheap first pass of _may_hold).
+_ERROR_MARKS = ("error", "exception", "traceback", "fail", "fatal", "panic", "denied", "not found", "passed")
+_CREDENTIAL_WORDS = ("key", "secret", "token", "passw", "pwd", "credential")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}|\d{1,2}:\d{2}")
 
 
@@ -98,16 +102,30 @@ def _scanned(text: str) -> str:
 def ids_and_paths(text: str, limit: int) -> list[str]:
     """Ids and paths in `text`, in order of first appearance, distinct, at most `limit`."""
     text = _URL.sub(" ", _scanned(text))
-    if _CREDENTIAL.search(text):
+    if _may_hold(text, _CREDENTIAL_WORDS) and _CREDENTIAL.search(text):
         text = "\n".join(line for line in text.splitlines() if not _CREDENTIAL.search(line))
+    # Only the words that can hold a match, one a line: neither pattern matches whitespace or has it in a
+    # lookaround's class, so they find the same matches, in the same order, as in the whole text.
+    words = "\n".join(filter(_MARK, text.split()))
     found: dict[str, None] = {}
-    for match in _merged(text):
+    for match in _merged(words):
         token = match.rstrip(".")
         if len(token) >= 4 and not (_HEX_ONLY.fullmatch(token) and len(token) < 7) and not _DATE.match(token):
             found.setdefault(token, None)
             if len(found) >= limit:
                 break
     return list(found)
+
+
+def _may_hold(text: str, words: tuple[str, ...]) -> bool:
+    """False only when a case-insensitive pattern whose every match holds one of `words` cannot match: for
+    ASCII text, none of them is in the lower-cased text (str.find in C, several times faster than the
+    pattern). Outside ASCII, case-insensitive matching has equivalences lower-casing does not give
+    (U+017F, U+212A): True, and the pattern decides."""
+    if not text.isascii():
+        return True
+    lowered = text.lower()
+    return any(word in lowered for word in words)
 
 
 def _merged(text: str) -> Iterator[str]:
@@ -133,7 +151,7 @@ def error_lines(text: str, limit: int, width: int) -> list[str]:
     decisive: list[str] = []
     other: list[str] = []
     text = _scanned(text)
-    if not _ANY_ERROR.search(text):  # (one pass in C: most results have no line to look at)
+    if not _may_hold(text, _ERROR_MARKS) or not _ANY_ERROR.search(text):  # (most results have none)
         return []
     for raw in islice(text.splitlines(), 5_000):
         line = raw.strip()

@@ -1,5 +1,6 @@
 """Ids, paths and error lines found by content (proxy/layers/identifiers.py): the fast paths (a lazy merge
-of path and id matches, a whole-text check before the line walk) find what a plain walk finds."""
+of path and id matches over the words that can hold one, cheap word checks and a whole-text check before
+the line walk) find what a plain walk finds."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ PIECES = ["error", "Error", "ValueError: bad value", "FAILED tests/test_x.py::te
           "=== 2 passed in 0.1s ===",
           "== 1 failed ==", "not found", "not  found", "ok", "HAT169", "src/app/main.py", "./a/b", "#W93",
           "deadbeef1234", "2024-01-02", "x", " ", "  ", "\n", "\r", "\r\n", "\x0c", "\x1c", "\u2028", "=",
-          "passed", "Traceback (most recent call last):", "E   assert 1 == 2", "a.py:12", "https://x.io/a/b"]
+          "passed", "Traceback (most recent call last):", "E   assert 1 == 2", "a.py:12", "https://x.io/a/b",
+          "pa\u017f\u017fed", "\u212aEY=", "\u0130", "FAILURE", "api_key = abc123", "Password: hunter2x9",
+          "token:", "x9.y/z", "v1.2.3", "usr/lib/x", "\xa0", "\t"]
 texts = st.lists(st.sampled_from(PIECES), max_size=40).map("".join) | st.text(max_size=200)
 
 
@@ -57,10 +60,27 @@ def test_error_lines_are_those_of_a_walk_over_every_line(text, limit):
     assert error_lines(text, limit, 80) == reference_error_lines(text, limit, 80)
 
 
+def reference_ids_and_paths(text: str, limit: int) -> list[str]:
+    """The whole text scanned: no word filter, no cheap first passes."""
+    text = identifiers._URL.sub(" ", identifiers._scanned(text))
+    if identifiers._CREDENTIAL.search(text):
+        text = "\n".join(line for line in text.splitlines() if not identifiers._CREDENTIAL.search(line))
+    found: dict[str, None] = {}
+    for match in reference_merged(text):
+        token = match.rstrip(".")
+        if len(token) >= 4 and not (identifiers._HEX_ONLY.fullmatch(token) and len(token) < 7) \
+                and not identifiers._DATE.match(token):
+            found.setdefault(token, None)
+            if len(found) >= limit:
+                break
+    return list(found)
+
+
 @settings(max_examples=400, deadline=None)
 @given(texts, st.integers(1, 12))
 def test_ids_and_paths_come_in_the_order_of_an_eager_merge(text, limit):
     assert list(identifiers._merged(text)) == list(reference_merged(text))
+    assert ids_and_paths(text, limit) == reference_ids_and_paths(text, limit)
     assert len(ids_and_paths(text, limit)) <= limit
 
 
