@@ -8,11 +8,12 @@ import copy
 from typing import Any
 from unittest import mock
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from proxy import pipeline, window_step
 from proxy.layers import auto_summary, tool_results, window
+from proxy.layers.observations import for_policy
 from proxy.policy import LoadedPolicy, Policy
 from proxy.session import Session
 from proxy.state import StateStore
@@ -110,3 +111,50 @@ def test_a_long_first_sight_skips_what_it_evicts() -> None:
     assert outcome.messages == slow.messages and block == slow_block
 
 
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.data_too_large])
+@given(messages=long_conversation(), window_tokens=st.sampled_from([1000, 2000, 4000, 8000, 64000]))
+def test_the_pipelines_first_batch_floor_is_the_plain_one(
+        messages: list[dict[str, Any]], window_tokens: int) -> None:
+    """window_step.first_batch_floor settles the common case (the rest fits once results count nothing)
+    from two sums; it must give what window.first_batch_floor's walk over every message gives."""
+    loaded = policy(window_tokens)
+    store = StateStore()
+    context = pipeline.PipelineContext(loaded, Session("s1", "header"), "tenant-a", TOKENS, store, now=clock)
+    layer1 = loaded.policy.tool_results
+    observations = for_policy(tuple(layer1.observation_patterns), layer1.threshold_tokens)
+    with TOKENS.request_scope():
+        fast = window_step.first_batch_floor(messages, observations, store.get("tenant-a", "s1"), context,
+                                             MODEL)
+    budget_tokens, low_water, limit = window_step.window_sizes(loaded.policy, MODEL)
+    over = max(budget_tokens, limit or 0)
+    plain = 0 if TOKENS.messages(messages, MODEL) <= over else window.first_batch_floor(
+        messages, tool_results.found_in(messages, observations, None), lambda m: TOKENS.message(m, MODEL),
+        over, low_water, layer1.keep_recent)
+    event("within the budget" if not plain else "no batch certain" if plain == window.head_end(messages)
+          else "a batch certain")
+    assert fast == plain
+
+
+def test_the_first_batch_floor_at_the_edge_of_the_budget() -> None:
+    """Where the history less its results is the budget exactly, one token over or under it."""
+    messages = long_history(40)
+    results = [(i, None) for i, m in enumerate(messages) if m["role"] == "tool"]
+    rest = sum(TOKENS.message(m, MODEL) for i, m in enumerate(messages) if m["role"] != "tool")
+    for over in (rest - 1, rest, rest + 1):
+        loaded = LoadedPolicy("t", Policy.model_validate({
+            "budget": {"enabled": False}, "window": {"max_tokens": over}}), None)
+        context = pipeline.PipelineContext(loaded, Session("s1", "header"), "tenant-a", TOKENS, StateStore(),
+                                           now=clock)
+        layer1 = loaded.policy.tool_results
+        observations = for_policy(tuple(layer1.observation_patterns), layer1.threshold_tokens)
+        with TOKENS.request_scope():
+            fast = window_step.first_batch_floor(messages, observations,
+                                                 context.store.get("tenant-a", "s1"), context, MODEL)
+        _, low_water, _ = window_step.window_sizes(loaded.policy, MODEL)
+        plain = window.first_batch_floor(messages, results, lambda m: TOKENS.message(m, MODEL), over,
+                                         low_water, layer1.keep_recent)
+        assert fast == plain
+        assert (fast == window.head_end(messages)) == (over >= rest)
