@@ -111,21 +111,24 @@ def choose_cut(messages: list[dict[str, Any]], count: Count, previous_cut: int |
     """
     head = head_end(messages)
     cut = previous_cut if previous_cut is not None and head <= previous_cut <= len(messages) else head
+    base = fixed_tokens + sum(map(count, messages[:head]))
+
+    def anchored(at: int) -> int:
+        anchor = anchor_for(messages, head, at, observed)
+        return count(messages[anchor]) if anchor is not None else 0
+
+    trigger = budget_tokens if batch_above is None else min(batch_above, budget_tokens)
+    kept = before = base + sum(map(count, messages[cut:])) + anchored(cut)
+    if kept <= trigger:  # (every request between batches: one sum, no table)
+        return Eviction(head, cut, cut)
 
     # suffix[i]: tokens of messages[i:], for i from the cut on (nothing before it is looked at again)
     suffix = [0] * (len(messages) + 1)
     for index in range(len(messages) - 1, cut - 1, -1):
         suffix[index] = suffix[index + 1] + count(messages[index])
-    base = fixed_tokens + sum(map(count, messages[:head]))
 
     def kept_tokens(at: int) -> int:
-        anchor = anchor_for(messages, head, at, observed)
-        return base + suffix[at] + (count(messages[anchor]) if anchor is not None else 0)
-
-    trigger = budget_tokens if batch_above is None else min(batch_above, budget_tokens)
-    kept = before = kept_tokens(cut)
-    if kept <= trigger:
-        return Eviction(head, cut, cut)
+        return base + suffix[at] + anchored(at)
     protect_from = in_progress_start(messages, head, observed)
     limit = len(messages) if keep_from is None else keep_from
     protect_from = min(protect_from, limit)
