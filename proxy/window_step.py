@@ -121,17 +121,12 @@ def first_batch_floor(original: list[dict[str, Any]], observations: Observations
     the history is within the window's budget, the cheap common case."""
     budget_tokens, low_water, limit = window_sizes(context.policy.policy, model)
     over = max(budget_tokens, limit or 0)
-    total = context.tokens.messages(original, model)
+    total = context.tokens.messages(original, model)  # (summed in C)
     if total <= over:
         return 0
-    found, count = found_in(original, observations, state.walks), context.tokens.counter(model)
-    if total - REPLY_PRIMING - sum(count(original[index]) for index, _ in found) <= over:
-        # What window.first_batch_floor finds first, from the whole-history sum in C and the results
-        # alone: with every result counted at nothing the rest fits, so no batch is certain (every request
-        # of a history that is over the budget only until layer 1 has summarized it).
-        return window.head_end(original)
-    return window.first_batch_floor(original, found, count, over, low_water,
-                                    context.policy.policy.tool_results.keep_recent)
+    return window.first_batch_floor(original, found_in(original, observations, state.walks),
+                                    context.tokens.counter(model), over, low_water,
+                                    context.policy.policy.tool_results.keep_recent, total - REPLY_PRIMING)
 
 
 def keep_evicted(start: int, stop: int, found: list[Found],

@@ -111,6 +111,28 @@ def test_a_long_first_sight_skips_what_it_evicts() -> None:
     assert outcome.messages == slow.messages and block == slow_block
 
 
+def reference_floor(messages: list[dict[str, Any]], found: list[tuple[int, Any]], over_tokens: int,
+                    low_water_tokens: int, keep_recent: int) -> int:
+    """window.first_batch_floor as a plain walk: every message counted (results at nothing), no shortcut."""
+    head = window.head_end(messages)
+    results = {index for index, _ in found}
+    least = [0 if index in results else TOKENS.message(m, MODEL) for index, m in enumerate(messages)]
+    if sum(least) <= over_tokens:
+        return head
+    observed = frozenset(i for i in results if messages[i].get("role") == "user")
+    protect_from = window.in_progress_start(messages, head, observed)
+    newest = [index for index, _ in found[-keep_recent:]] if keep_recent else []
+    if newest:
+        protect_from = min(protect_from, window.turn_start(messages, newest[0]))
+    kept, floor = sum(least), head
+    for candidate in window.valid_cuts(messages, head, protect_from):
+        if candidate <= head:
+            continue
+        kept -= sum(least[floor:candidate])
+        floor = candidate
+        if kept <= low_water_tokens:
+            break
+    return floor
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -118,8 +140,8 @@ def test_a_long_first_sight_skips_what_it_evicts() -> None:
 @given(messages=long_conversation(), window_tokens=st.sampled_from([1000, 2000, 4000, 8000, 64000]))
 def test_the_pipelines_first_batch_floor_is_the_plain_one(
         messages: list[dict[str, Any]], window_tokens: int) -> None:
-    """window_step.first_batch_floor settles the common case (the rest fits once results count nothing)
-    from two sums; it must give what window.first_batch_floor's walk over every message gives."""
+    """The pipeline's first-batch floor settles the common case (the rest fits once results count nothing)
+    from two sums; it must give what the plain walk over every message gives."""
     loaded = policy(window_tokens)
     store = StateStore()
     context = pipeline.PipelineContext(loaded, Session("s1", "header"), "tenant-a", TOKENS, store, now=clock)
@@ -130,9 +152,8 @@ def test_the_pipelines_first_batch_floor_is_the_plain_one(
                                              MODEL)
     budget_tokens, low_water, limit = window_step.window_sizes(loaded.policy, MODEL)
     over = max(budget_tokens, limit or 0)
-    plain = 0 if TOKENS.messages(messages, MODEL) <= over else window.first_batch_floor(
-        messages, tool_results.found_in(messages, observations, None), lambda m: TOKENS.message(m, MODEL),
-        over, low_water, layer1.keep_recent)
+    plain = 0 if TOKENS.messages(messages, MODEL) <= over else reference_floor(
+        messages, tool_results.found_in(messages, observations, None), over, low_water, layer1.keep_recent)
     event("within the budget" if not plain else "no batch certain" if plain == window.head_end(messages)
           else "a batch certain")
     assert fast == plain
@@ -154,7 +175,6 @@ def test_the_first_batch_floor_at_the_edge_of_the_budget() -> None:
             fast = window_step.first_batch_floor(messages, observations,
                                                  context.store.get("tenant-a", "s1"), context, MODEL)
         _, low_water, _ = window_step.window_sizes(loaded.policy, MODEL)
-        plain = window.first_batch_floor(messages, results, lambda m: TOKENS.message(m, MODEL), over,
-                                         low_water, layer1.keep_recent)
+        plain = reference_floor(messages, results, over, low_water, layer1.keep_recent)
         assert fast == plain
         assert (fast == window.head_end(messages)) == (over >= rest)
