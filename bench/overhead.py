@@ -270,14 +270,42 @@ def _long_run(args: argparse.Namespace, workdir: Path, fake: Service, headers: d
         service = start_ctxproxy(workdir, fake.base, args.src, name="ctxproxy-long") if name == "ctxproxy" \
             else start_bare(workdir, fake.base)
         started.append(service)
-        at_start = rss_mb(service.proc.pid)
+        at_start, cpu_start = rss_mb(service.proc.pid), settled_cpu_seconds(service.proc.pid)
         print(f"... long run: {name}, {sessions} sessions x {turns} turns", file=sys.stderr)
         began = time.perf_counter()
         requests, errors = asyncio.run(session_load(service.base + CHAT, headers, sessions, turns, 16))
         found[name] = {"requests": requests, "errors": errors, "seconds": time.perf_counter() - began,
-                       "rss_start_mb": at_start, "rss_mb": rss_mb(service.proc.pid)}
+                       "rss_start_mb": at_start, "rss_mb": rss_mb(service.proc.pid),
+                       "cpu_s": settled_cpu_seconds(service.proc.pid) - cpu_start}
+        if name == "ctxproxy":
+            found[name]["gc"] = gc_pauses(service.base)
         service.stop(signal.SIGINT if name == "ctxproxy" else signal.SIGTERM)
     return found
+
+
+def gc_pauses(base: str) -> dict[str, dict[str, float]] | None:
+    """The server's garbage-collector pauses by generation, from /metrics (ctxproxy_gc_pause_seconds):
+    how many, their total ms, and how many took over 25 ms. None when it does not export them."""
+    try:
+        text = httpx.get(base + "/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return None
+    found: dict[str, dict[str, float]] = {}
+    for line in text.splitlines():
+        if not line.startswith("ctxproxy_gc_pause_seconds"):
+            continue
+        name_labels, value = line.rsplit(" ", 1)
+        generation = name_labels.split('generation="', 1)[1].split('"', 1)[0]
+        row = found.setdefault(generation, {"count": 0.0, "ms": 0.0, "under_25ms": 0.0})
+        if name_labels.startswith("ctxproxy_gc_pause_seconds_count"):
+            row["count"] = float(value)
+        elif name_labels.startswith("ctxproxy_gc_pause_seconds_sum"):
+            row["ms"] = float(value) * 1000
+        elif 'le="0.025"' in name_labels:
+            row["under_25ms"] = float(value)
+    for row in found.values():
+        row["over_25ms"] = row["count"] - row.pop("under_25ms")
+    return found or None
 
 
 def _startup(service: Service, url: str, body: bytes, headers: dict[str, str]) -> dict[str, float | None]:

@@ -111,7 +111,15 @@ def print_floor(result: dict[str, Any]) -> None:
               f"{long_run['turns']} turns, the history resent every turn, 16 sessions at a time; VmRSS "
               "before and after:\n")
         servers = [name for name in long_run if isinstance(long_run[name], dict)]
-        print(table(["server", "requests", "errors", "seconds", "RSS at start MB", "RSS after MB"],
+        print(table(["server", "requests", "errors", "seconds", "CPU s", "RSS at start MB", "RSS after MB"],
                     [[name, str(long_run[name]["requests"]), str(long_run[name]["errors"]),
-                      sig3(long_run[name]["seconds"]), sig3(long_run[name].get("rss_start_mb")),
-                      sig3(long_run[name]["rss_mb"])] for name in servers]))
+                      sig3(long_run[name]["seconds"]), sig3(long_run[name].get("cpu_s")),
+                      sig3(long_run[name].get("rss_start_mb")), sig3(long_run[name]["rss_mb"])]
+                     for name in servers]))
+        pauses = (long_run.get("ctxproxy") or {}).get("gc")
+        if pauses:
+            print("\nctxproxy's garbage-collector pauses in that run (ctxproxy_gc_pause_seconds; the event "
+                  "loop waits through each):\n")
+            print(table(["generation", "pauses", "total ms", "over 25 ms"],
+                        [[generation, f"{row['count']:.0f}", sig3(row["ms"]), f"{row['over_25ms']:.0f}"]
+                         for generation, row in sorted(pauses.items())]))

@@ -19,7 +19,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from proxy import commands, heavy, model_summary, pipeline, rounds, telemetry
+from proxy import collector, commands, heavy, model_summary, pipeline, rounds, telemetry
 from proxy.accounting import Pricing
 from proxy.archive import ArchiveWriter, ExchangeRecord, request_params, utc_now
 from proxy.config import Config
@@ -335,8 +335,10 @@ def upstreams(config: Config) -> dict[str, Upstream]:
     return {CHAT.name: openai, RESPONSES.name: openai, MESSAGES.name: anthropic}
 
 
-def build_app(config: Config) -> Starlette:
-    """Create the ASGI app (tests put a scripted upstream on a loopback socket behind upstream.base_url)."""
+def build_app(config: Config, *, settle_collector: bool = False) -> Starlette:
+    """Create the ASGI app (tests put a scripted upstream on a loopback socket behind upstream.base_url).
+    `settle_collector`: the server's own process (`ctxproxy serve`) sets the garbage collector for a
+    long-lived server once started (proxy/collector.py); an app embedded elsewhere leaves it alone."""
     policies = PolicyStore(config.policies_dir, recheck_s=config.server.reload_check_s)
     resent.BODIES.limit_bytes = config.server.resent_cache_bytes
     problems = policies.check_all()
@@ -363,9 +365,14 @@ def build_app(config: Config) -> Starlette:
             reader=reader,
             pins=storage.pins, storage=storage)
         app.state.telemetry = telemetry.start(config.telemetry)  # None unless telemetry.otlp_endpoint
+        pauses = collector.PauseClock(metrics.gc_pause_seconds)
+        pauses.install()
+        if settle_collector:
+            collector.settle()
         try:
             yield
         finally:
+            pauses.remove()
             for task in list(app.state.proxy.tasks):
                 task.cancel()
             for upstream in {id(u): u for u in app.state.proxy.upstreams.values()}.values():

@@ -37,7 +37,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     port = args.port if args.port is not None else config.server.port
     log_config = logs.setup(config.server.log_level, args.log_format or config.server.log_format)
     malloc.tune()  # large buffers go back to the OS when freed (see proxy/malloc.py)
-    app = build_app(config)  # checks every policy first: the banner lists only what loaded
+    app = build_app(config, settle_collector=True)  # checks every policy first: the banner lists what loaded
     store = PolicyStore(config.policies_dir)
     logs.log_banner(config, host=host, port=port, version=version(), policies=store.names(),
                     policies_dir=store.folder)

@@ -52,6 +52,10 @@ class Metrics:
         self.block_tokens = Histogram("ctxproxy_block_tokens", "Tokens injected per block.", ["block"],
                                       buckets=(50, 200, 500, 1000, 2000, 5000, 10_000, 50_000, 100_000),
                                       registry=self.registry)
+        self.gc_pause_seconds = Histogram("ctxproxy_gc_pause_seconds", "Pauses of Python's cyclic garbage "
+                                          "collector (proxy/collector.py), by generation: the event loop "
+                                          "waits.", ["generation"], buckets=_FAST_BUCKETS,
+                                          registry=self.registry)
         self.blocks_skipped = Counter("ctxproxy_blocks_skipped", "Block sources skipped (deadline, error, "
                                       "budget).", ["policy", "reason"], registry=self.registry)
 

@@ -185,7 +185,8 @@ def test_serve_flag_overrides_the_config_and_uvicorn_logs_the_same_way(tmp_path,
     import proxy.malloc
 
     ran: dict = {}
-    monkeypatch.setattr(proxy.app, "build_app", lambda config: "app")
+    built: dict = {}
+    monkeypatch.setattr(proxy.app, "build_app", lambda config, **kwargs: built.update(kwargs) or "app")
     monkeypatch.setattr(proxy.malloc, "tune", lambda: None)
     monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: ran.update(kwargs))
     config = tmp_path / "c.yaml"
@@ -202,3 +203,4 @@ def test_serve_flag_overrides_the_config_and_uvicorn_logs_the_same_way(tmp_path,
     assert uvicorn_line["message"] == "Application startup complete."
     assert set(uvicorn_line) == {"time", "level", "logger", "message"}  # no library's record stamps
     assert ran["log_config"]["formatters"]["ctxproxy"] == {"()": JsonFormatter}
+    assert built == {"settle_collector": True}  # the server's own process tunes the collector once up

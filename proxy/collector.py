@@ -1,0 +1,47 @@
+"""Python's cyclic garbage collector in a long-lived server: what start-up left is frozen, and every
+collection's pause is timed (issue 14).
+
+A full collection walks every live container and stops the event loop meanwhile, so every client waits.
+At start-up ~65k containers are live (modules, the model-window map, the app), all of them for the life of
+the process, and a full collection of them alone takes ~50 ms on the 2-core test VM. Under a long run
+(20,000 requests, 16 sessions at a time) CPython made 46 full collections, 58-70 ms each (p50). Freezing
+what start-up left moves it out of every later collection: the same run's full collections took 24 ms
+(p50). Collecting the young generation less often (every 10,000 new containers instead of 700) cut the
+collector's own measured time ~10x but showed no difference in the server's CPU or latency over five
+alternating runs, and held more memory: CPython's thresholds are kept.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import Any
+
+from prometheus_client import Histogram
+
+
+def settle() -> None:
+    """Once start-up is done (process-wide: only the server calls it, never a library user)."""
+    gc.collect()
+    gc.freeze()
+
+
+class PauseClock:
+    """Times every collection into `histogram` (labelled by generation) while installed."""
+
+    def __init__(self, histogram: Histogram) -> None:
+        self.children = [histogram.labels(str(generation)) for generation in range(3)]
+        self.started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self.started = time.perf_counter()
+        else:
+            self.children[info["generation"]].observe(time.perf_counter() - self.started)
+
+    def install(self) -> None:
+        gc.callbacks.append(self)
+
+    def remove(self) -> None:
+        if self in gc.callbacks:
+            gc.callbacks.remove(self)
