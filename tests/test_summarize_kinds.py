@@ -9,11 +9,14 @@ import sys
 from pathlib import Path
 
 import orjson
-from hypothesis import HealthCheck, given, settings
+import pytest
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from proxy.cli import main
 from proxy.summarize import summarize
+from proxy.summarize.common import Unfit, _layout, _Sec, unfit
+from proxy.summarize.listing_summary import _greppy, _pathy, listing_kind
 
 WARNING = ("/usr/lib/python3.11/site-packages/pkg_resources/__init__.py:3154: DeprecationWarning: "
            "Deprecated call to `pkg_resources.declare_namespace('sphinxcontrib')`.")
@@ -124,6 +127,48 @@ def test_facts_that_cannot_fit_make_no_summary():
     names = "\n".join(f"test_module_{i:04d}_{'x' * (i % 7)}.py" for i in range(300))  # ls of a flat folder
     assert summarize(names) == names  # no smaller text keeps every name: layer 1 keeps the original
     assert len(summarize(names, max_chars=800)) <= 800  # an explicit cap still holds
+
+
+def test_a_listing_that_cannot_shrink_is_known_before_the_costly_scans(monkeypatch):
+    import proxy.summarize.text_summary as text_summary
+
+    names = "\n".join(f"test_module_{i:04d}_{'x' * (i % 7)}.py" for i in range(300))  # every name is a fact
+    assert summarize(names) == names
+    # Its paths alone are over the cap: that is settled before the error-line and path scans.
+    monkeypatch.setattr(text_summary, "flag_lines", lambda lines: pytest.fail("scanned anyway"))
+    assert summarize(names) == names
+
+
+section = st.builds(lambda items, critical, extra: _Sec(items, "t:", "items", 1, critical=critical,
+                                                        extra=extra),
+                    st.lists(st.text(max_size=40), max_size=8), st.booleans(), st.integers(0, 3))
+
+
+@given(st.lists(section, max_size=4), st.lists(section, max_size=4), st.integers(0, 400),
+       st.integers(0, 400))
+def test_unfit_sections_stay_unfit_whatever_is_added(front, rest, max_chars, extra_cap):
+    cap = max_chars + extra_cap
+    if unfit(front, max_chars, cap):
+        with pytest.raises(Unfit):
+            _layout([*front, *rest], max_chars, cap)
+
+
+grep_line = st.builds(lambda f, n: f"src/{f}.py:{n}: hit", st.sampled_from("abc"), st.integers(1, 999))
+path_line = st.builds(lambda d, f: f"./{d}/{f}.txt", st.sampled_from(["x", "y/z"]), st.sampled_from("pq"))
+other_line = st.sampled_from(["hello there", "  ", "ERROR: it broke", "total 12", "a b c: d"])
+
+
+@given(st.lists(st.one_of(grep_line, path_line, other_line), max_size=60))
+@example(["hello there", "a b c: d", "src/a.py:1: hit", "src/b.py:2: hit", "src/c.py:3: hit"])  # 6/10, late
+@example(["hello there", "./x/p.txt", "./x/q.txt", "./y/z/p.txt", "./y/z/q.txt"])  # 8/10, misses first
+def test_listing_kind_stops_early_and_decides_as_counting_every_line(lines):
+    sample = [line for line in lines if line.strip()]
+    n = len(sample)
+    greppy = sum(map(_greppy, sample))
+    pathy = sum(map(_pathy, sample))
+    expected = None if n < 5 else "grep" if greppy * 10 >= n * 6 else "listing" if pathy * 10 >= n * 8 \
+        else None
+    assert listing_kind(lines) == expected
 
 
 def test_the_budget_grows_with_the_input():

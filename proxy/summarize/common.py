@@ -127,15 +127,23 @@ def _share(secs: list[_Sec], room: int) -> list[list[str]]:
     return out
 
 
+def unfit(secs: list[_Sec], max_chars: int, cap: int | None) -> bool:
+    """Whether `_layout` raises Unfit for these sections, whatever others are added: critical ones in
+    full exceed a cap above max_chars (a kind's own sections are checked before the costlier scans)."""
+    cap = max(cap if cap is not None else max_chars, max_chars)
+    return cap > max_chars and sum(_size(s.render(1 << 60)) for s in secs
+                                   if s.critical and (s.items or s.extra)) > cap + 1
+
+
 def _layout(secs: list[_Sec], max_chars: int, cap: int | None = None) -> str:
     """Critical sections first, in full when they fit in `cap` (else, with a cap above max_chars, Unfit;
     with a hard cap, shared by weight); the other sections share what is left of `max_chars`. Section
     order is kept."""
+    if unfit(secs, max_chars, cap):
+        raise Unfit
     cap = max(cap if cap is not None else max_chars, max_chars)
     secs = [s for s in secs if s.items or s.extra]
     crit = [i for i, s in enumerate(secs) if s.critical]
-    if cap > max_chars and sum(_size(secs[i].render(1 << 60)) for i in crit) > cap + 1:
-        raise Unfit
     rest = [i for i, s in enumerate(secs) if not s.critical]
     out: dict[int, list[str]] = dict(zip(crit, _share([secs[i] for i in crit], cap + 1), strict=True))
     used = sum(map(_size, out.values()))

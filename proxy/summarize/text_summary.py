@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from .common import HEAD_LINES, LINE_W, _clip, _layout, _numbered, _plural, _Sec
+from .common import HEAD_LINES, LINE_W, Unfit, _clip, _layout, _numbered, _plural, _Sec, unfit
 from .detect import _Analysis
 from .json_summary import _id_secs, _id_value, _is_id_key
 from .salient import flag_lines, salient_secs
@@ -25,6 +25,8 @@ def _lines_summary(an: _Analysis, text: str, max_chars: int, cap: int | None = N
                    context: bool = True, skip: set[int] | frozenset[int] = frozenset()) -> str:
     """`front`: the kind's own sections (test results, diff headers…); `shown`: text they already keep, so
     its paths and ids are not listed twice; `skip`: line indices they already show."""
+    if front and unfit(front, max_chars, cap):
+        raise Unfit  # (as _layout would, after the scans below: critical sections are only added)
     lines, n, base = an.lines, len(an.lines), an.base
     strong, weak = flag_lines(lines)
     flagged = set(strong) | set(weak)  # membership only, never iterated
