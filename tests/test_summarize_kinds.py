@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from proxy.cli import main
-from proxy.summarize import summarize
-from proxy.summarize.common import Unfit, _layout, _Sec, unfit
+from proxy.summarize import detect_kind, summarize
+from proxy.summarize.common import Unfit, _layout, _Sec, share_at_least, unfit
 from proxy.summarize.listing_summary import _greppy, _pathy, listing_kind
 
 WARNING = ("/usr/lib/python3.11/site-packages/pkg_resources/__init__.py:3154: DeprecationWarning: "
@@ -151,6 +151,31 @@ def test_unfit_sections_stay_unfit_whatever_is_added(front, rest, max_chars, ext
     if unfit(front, max_chars, cap):
         with pytest.raises(Unfit):
             _layout([*front, *rest], max_chars, cap)
+
+
+@given(st.lists(st.booleans(), max_size=40), st.integers(0, 10))
+@example([False, False, True, True, True], 6)  # the misses first, the share met on the last line
+def test_share_at_least_stops_early_and_decides_as_counting_every_line(passes, tenths):
+    asked: list[int] = []
+
+    def test(index: str) -> bool:
+        asked.append(int(index))
+        return passes[int(index)]
+
+    sample = [str(i) for i in range(len(passes))]
+    assert share_at_least(sample, test, tenths) == (sum(passes) * 10 >= len(passes) * tenths)
+    assert asked == list(range(len(asked)))  # in order, each line once
+
+
+def test_kind_detection_shares_hold_at_their_boundaries():
+    plain = [f"just some words here number {i}" for i in range(10)]
+    stamped = [f"2024-01-01 10:00:0{i} started the thing" for i in range(10)]
+    failing = [f"the upload failed with an error {i}" for i in range(10)]
+    # A log: at least three lines in ten open with a time or a level; else two in ten with error words.
+    assert detect_kind("\n".join(plain[:7] + stamped[:3])) == "log"  # (met on the last line)
+    assert detect_kind("\n".join(stamped[:2] + plain[:8])) == "text"
+    assert detect_kind("\n".join(plain[:8] + failing[:2])) == "log"
+    assert detect_kind("\n".join(failing[:1] + plain[:9])) == "text"
 
 
 grep_line = st.builds(lambda f, n: f"src/{f}.py:{n}: hit", st.sampled_from("abc"), st.integers(1, 999))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 HEAD_LINES, TAIL_LINES = 10, 10
@@ -149,3 +150,21 @@ def _layout(secs: list[_Sec], max_chars: int, cap: int | None = None) -> str:
     used = sum(map(_size, out.values()))
     out |= dict(zip(rest, _share([secs[i] for i in rest], max(max_chars + 1 - used, 0)), strict=True))
     return "\n".join(line for i in range(len(secs)) for line in out[i])
+
+
+def share_at_least(sample: list[str], test: Callable[[str], bool], tenths: int) -> bool:
+    """Whether at least `tenths`/10 of `sample` pass `test` (`passed * 10 >= len(sample) * tenths`); stops
+    as soon as that is settled either way (most outputs are plainly one thing or another after a few
+    lines)."""
+    need = -(-len(sample) * tenths // 10)
+    spare = len(sample) - need  # misses that still allow it
+    for line in sample:
+        if test(line):
+            need -= 1
+            if need <= 0:
+                return True
+        else:
+            spare -= 1
+            if spare < 0:
+                return False
+    return need <= 0

@@ -8,7 +8,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from .common import has_error_word
+from .common import has_error_word, share_at_least
 
 SCAN_LINES = 2000  # kind detection reads the start only: enough to classify, bounded cost
 
@@ -100,7 +100,7 @@ def _analyze(text: str, tool_name: str | None = None) -> _Analysis:
         pass
     sample = [c for c in content[:SCAN_LINES] if c.strip()]
     n, kind = max(len(sample), 1), "text"
-    if sum(map(_is_log_line, sample)) * 10 >= n * 3:
+    if sample and share_at_least(sample, _is_log_line, 3):
         kind = "log"
     elif len(sample) >= 3 and not (tool_name and SHELL_RE.search(tool_name)):
         # Shell output is a log even with braces in it; a .py read through a shell already hit "python".
@@ -108,6 +108,6 @@ def _analyze(text: str, tool_name: str | None = None) -> _Analysis:
         defs = sum(is_def)
         code = sum(d or bool(CODE_LINE_RE.search(c[:300])) for c, d in zip(sample, is_def, strict=True))
         kind = "code" if (code * 10 >= n * 4 and defs) or code * 10 >= n * 6 else kind
-    if kind == "text" and sample and sum(map(has_error_word, sample)) * 5 >= n:
+    if kind == "text" and sample and share_at_least(sample, has_error_word, 2):
         kind = "log"
     return _Analysis(kind, lines, content=content, offset=offset, json_error=json_error)

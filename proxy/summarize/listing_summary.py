@@ -4,9 +4,8 @@ directory; for grep, every file with the line numbers it matched, the matched li
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 
-from .common import LINE_W, VALUE_W, _clip, _plural, _Sec
+from .common import LINE_W, VALUE_W, _clip, _plural, _Sec, share_at_least
 from .detect import _Analysis
 from .salient import group_paths
 from .text_summary import _lines_summary
@@ -29,9 +28,9 @@ def listing_kind(lines: list[str]) -> str | None:
     sample = [line for line in lines[:SCAN] if line.strip()]
     if len(sample) < 5:
         return None
-    if _share_at_least(sample, _greppy, 6):
+    if share_at_least(sample, _greppy, 6):
         return "grep"
-    return "listing" if _share_at_least(sample, _pathy, 8) else None
+    return "listing" if share_at_least(sample, _pathy, 8) else None
 
 
 def _greppy(line: str) -> bool:
@@ -41,23 +40,6 @@ def _greppy(line: str) -> bool:
 def _pathy(line: str) -> bool:
     return bool(LS_LONG_RE.match(line[:CLIP]) or LS_DIR_RE.match(line) or line.startswith("total ")
                 or (PATH_LINE_RE.match(line) and ("/" in line or "." in line[1:] or line.isalnum())))
-
-
-def _share_at_least(sample: list[str], test: Callable[[str], bool], tenths: int) -> bool:
-    """Whether at least `tenths`/10 of `sample` pass `test`; stops as soon as that is settled either way
-    (most outputs are plainly one thing or another after a few lines)."""
-    need = -(-len(sample) * tenths // 10)
-    spare = len(sample) - need  # misses that still allow it
-    for line in sample:
-        if test(line):
-            need -= 1
-            if need <= 0:
-                return True
-        else:
-            spare -= 1
-            if spare < 0:
-                return False
-    return need <= 0
 
 
 def _listed_paths(lines: list[str]) -> list[str]:
