@@ -7,7 +7,6 @@ import contextlib
 import dataclasses
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -21,10 +20,17 @@ from starlette.routing import Route
 
 from proxy import collector, commands, heavy, model_summary, pipeline, rounds, telemetry
 from proxy.accounting import Pricing
-from proxy.archive import ArchiveWriter, ExchangeRecord, request_params, utc_now
+from proxy.archive import ArchiveWriter, ExchangeRecord
 from proxy.config import Config
 from proxy.errors import ContextLengthExceeded, CtxProxyError
-from proxy.exchange_end import ctxproxy_headers, finish, on_archived, overhead, spend_recorder
+from proxy.exchange_end import (
+    ctxproxy_headers,
+    exchange_record,
+    finish,
+    on_archived,
+    overhead,
+    spend_recorder,
+)
 from proxy.internal_tools import ToolContext
 from proxy.metrics import Metrics
 from proxy.offload import INLINE_BYTES, INLINE_FRESH_BYTES, off_loop_if_large
@@ -238,16 +244,6 @@ def rewrite(conversation: pipeline.Conversation, context: pipeline.PipelineConte
     return outcome, content, context.store.get(context.tenant, context.session.id)
 
 
-def exchange_record(wire: WireFormat, decoded: Decoded, policy: LoadedPolicy, session: Session, tenant: str,
-                    **fields: Any) -> ExchangeRecord:
-    """The archive record of one upstream call (or of an answer the proxy gave itself)."""
-    return ExchangeRecord(
-        id=uuid.uuid4().hex, created_at=utc_now(), session_id=session.id, session_source=session.source,
-        tenant=tenant, policy=policy.name, route=wire.route, model=decoded.model,
-        stream=decoded.stream, request_messages=decoded.messages,
-        params=request_params(decoded.params or decoded.body), **fields)
-
-
 def rounds_context(state: ProxyState, request: Request, wire: WireFormat, decoded: Decoded,
                    outcome: pipeline.Outcome, context: pipeline.PipelineContext, headers: dict[str, str],
                    content: bytes) -> rounds.RoundsContext:
@@ -337,8 +333,7 @@ def upstreams(config: Config) -> dict[str, Upstream]:
 
 def build_app(config: Config, *, settle_collector: bool = False) -> Starlette:
     """Create the ASGI app (tests put a scripted upstream on a loopback socket behind upstream.base_url).
-    `settle_collector`: the server's own process (`ctxproxy serve`) sets the garbage collector for a
-    long-lived server once started (proxy/collector.py); an app embedded elsewhere leaves it alone."""
+    `settle_collector` only from `ctxproxy serve`, whose process it is (proxy/collector.py)."""
     policies = PolicyStore(config.policies_dir, recheck_s=config.server.reload_check_s)
     resent.BODIES.limit_bytes = config.server.resent_cache_bytes
     problems = policies.check_all()
@@ -365,10 +360,7 @@ def build_app(config: Config, *, settle_collector: bool = False) -> Starlette:
             reader=reader,
             pins=storage.pins, storage=storage)
         app.state.telemetry = telemetry.start(config.telemetry)  # None unless telemetry.otlp_endpoint
-        pauses = collector.PauseClock(metrics.gc_pause_seconds)
-        pauses.install()
-        if settle_collector:
-            collector.settle()
+        pauses = collector.start(metrics.gc_pause_seconds, settle_process=settle_collector)
         try:
             yield
         finally:

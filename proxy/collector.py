@@ -26,6 +26,16 @@ def settle() -> None:
     gc.freeze()
 
 
+def start(histogram: Histogram, *, settle_process: bool) -> PauseClock:
+    """At an app's start: its pause clock, installed (remove it at shutdown); `settle_process` in the
+    server's own process only, never in one that embeds the app."""
+    clock = PauseClock(histogram)
+    clock.install()
+    if settle_process:
+        settle()
+    return clock
+
+
 class PauseClock:
     """Times every collection into `histogram` (labelled by generation) while installed."""
 

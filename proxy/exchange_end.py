@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from proxy import telemetry
-from proxy.archive import ExchangeRecord, utc_now
+from proxy.archive import ExchangeRecord, request_params, utc_now
 from proxy.internal_tools import READ_TOOL_RESULT, RECALL
 from proxy.layers.tool_results import EVICTED, PLACEHOLDER, SUMMARY
 from proxy.logs import log_exchange
@@ -28,7 +28,17 @@ if TYPE_CHECKING:
     from proxy.pipeline import Outcome
     from proxy.policy import LoadedPolicy
     from proxy.session import Session
-    from proxy.wire import WireFormat
+    from proxy.wire import Decoded, WireFormat
+
+
+def exchange_record(wire: WireFormat, decoded: Decoded, policy: LoadedPolicy, session: Session, tenant: str,
+                    **fields: Any) -> ExchangeRecord:
+    """The archive record of one upstream call (or of an answer the proxy gave itself)."""
+    return ExchangeRecord(
+        id=uuid.uuid4().hex, created_at=utc_now(), session_id=session.id, session_source=session.source,
+        tenant=tenant, policy=policy.name, route=wire.route, model=decoded.model,
+        stream=decoded.stream, request_messages=decoded.messages,
+        params=request_params(decoded.params or decoded.body), **fields)
 
 
 def ctxproxy_headers(session: Session, policy: LoadedPolicy, outcome: Outcome) -> dict[str, str]:
