@@ -3,6 +3,7 @@ results, hunk headers, the lines a call pointed at) and the `ctxproxy summarize`
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from proxy.cli import main
 from proxy.summarize import detect_kind, summarize
 from proxy.summarize.common import Unfit, _layout, _Sec, share_at_least, unfit
+from proxy.summarize.detect import GUTTER_RE, _strip_gutter
 from proxy.summarize.listing_summary import _greppy, _pathy, listing_kind
 
 WARNING = ("/usr/lib/python3.11/site-packages/pkg_resources/__init__.py:3154: DeprecationWarning: "
@@ -255,3 +257,23 @@ def test_cli_missing_file_and_stdin(tmp_path):
     piped = subprocess.run([script, "summarize", "-", "--json"], input=pytest_run(),
                            capture_output=True, text=True, timeout=60)
     assert piped.returncode == 0 and orjson.loads(piped.stdout)["original_tokens"] > 0
+
+
+def full_gutter(lines: list[str]) -> tuple[list[str], int]:
+    """The definition, on every line: each non-blank line has a gutter, the numbers run on by one."""
+    matches = [GUTTER_RE.match(line) for line in lines]
+    nums = [int(m[1]) for m in matches if m]
+    if len(nums) < 2 or any(not m and line.strip() for m, line in zip(matches, lines, strict=True)) \
+            or any(b != a + 1 for a, b in itertools.pairwise(nums)):
+        return lines, 0
+    return [line[m.end():] if m else line for m, line in zip(matches, lines, strict=True)], nums[0] - 1
+
+
+GUTTER_PIECES = ["  ", "\t", "12", "13", "7", "\u2192", ":", ": ", "| ", "x = 1", "", " \u3000", "def f():"]
+
+
+@given(st.lists(st.lists(st.sampled_from(GUTTER_PIECES), max_size=4).map("".join), max_size=8))
+@example(["  ", "1\tone", "2\ttwo"])  # a blank first line, then a gutter that holds
+@example(["text", "1\tone", "2\ttwo"])  # the first line has none: nothing is stripped
+def test_a_gutter_is_stripped_exactly_when_every_line_has_one(lines):
+    assert _strip_gutter(lines) == full_gutter(lines)

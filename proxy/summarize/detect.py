@@ -55,6 +55,9 @@ class _Analysis:
 
 
 def _strip_gutter(lines: list[str]) -> tuple[list[str], int]:
+    first = next((line for line in lines if line.strip()), "")
+    if not GUTTER_RE.match(first):  # every line but blank ones needs its gutter: most outputs fail here
+        return lines, 0
     matches = [GUTTER_RE.match(line) for line in lines]
     nums = [int(m[1]) for m in matches if m]
     if len(nums) < 2 or any(not m and line.strip() for m, line in zip(matches, lines, strict=True)) \
