@@ -6,6 +6,7 @@ stopped by its pid only.
 
 from __future__ import annotations
 
+import compileall
 import os
 import secrets
 import signal
@@ -153,6 +154,9 @@ def start_ctxproxy(workdir: Path, upstream: str, src: Path | None = None, *, nam
         "policies_dir": str(policies),
         **({"archive": archive} if archive else {}),
     }))
+    # Cached bytecode, as a user's start finds it (scripts/ctxproxy compiles the package when
+    # PYTHONDONTWRITEBYTECODE keeps Python from writing it; the floor's packages come compiled by pip).
+    compileall.compile_dir(str((src or REPO) / "proxy"), quiet=1)
     port = free_port()
     spawned = time.perf_counter()
     exe = BIN / "ctxproxy"

@@ -10,11 +10,10 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from sqlite_utils import Database
-
 from proxy import migrations
 from proxy.archive_codec import safe_text
 from proxy.archive_traffic import is_proxy_message, message_text
+from proxy.sqlite_lib import Database
 
 CHUNK_CHARS = 4096  # searchable text is indexed in chunks of about this many characters
 searchable_text = message_text  # the old name

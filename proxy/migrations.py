@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlite_utils import Database, Migrations
+from proxy.sqlite_lib import Database, Migrations
 
 migrations = Migrations("ctxproxy")
 

@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from sqlite_utils import Database
 
 from proxy import archive_recall
 from proxy.archive_codec import loads, safe_text
 from proxy.archive_db import project_token, scope_token
 from proxy.archive_read_back import archived_result
 from proxy.archive_traffic import message_text
+from proxy.sqlite_lib import Database
 from proxy.store.shared_queries import SharedQueries
 
 _WORD = re.compile(r"\w+", re.UNICODE)

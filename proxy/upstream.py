@@ -72,7 +72,12 @@ class Upstream:
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ssl=tls_context(),
+            # Our trust store (certifi's bundle, ~0.1 s to load) only for a TLS hop; a plain-HTTP upstream
+            # (a local model server) does without, so its first request does not wait for it.
+            hops = (self.base_url, self.proxy or "")
+            tls = any(urllib.parse.urlsplit(url).scheme == "https" for url in hops)
+            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0,
+                                             ssl=tls_context() if tls else True,
                                              force_close=not self.keep_alive,
                                              keepalive_timeout=5.0 if self.keep_alive else None)
             # Bodies are relayed as they come: never decompressed here (content-encoding goes along).

@@ -85,6 +85,13 @@ def fresh_trust_store():
     tls_context.cache_clear()
 
 
+def test_a_plain_http_upstream_never_loads_the_trust_store(make_proxy, fresh_trust_store):
+    # (a local model server: its first request does not wait ~0.1 s for certifi's bundle)
+    answer = httpx.post(f"{make_proxy().url}/v1/chat/completions", json=BODY, timeout=30)
+    assert answer.status_code == 200 and answer.json()["object"] == "chat.completion"
+    assert tls_context.cache_info().currsize == 0
+
+
 def test_the_provider_certificate_is_verified(make_proxy, tmp_path, monkeypatch, fresh_trust_store):
     cert, key = self_signed(tmp_path)
     monkeypatch.delenv("SSL_CERT_FILE", raising=False)
@@ -92,6 +99,7 @@ def test_the_provider_certificate_is_verified(make_proxy, tmp_path, monkeypatch,
     with ServerThread(FakeUpstream().app, certfile=cert, keyfile=key) as tls:
         config = {"upstream": {"base_url": f"{tls.url}/v1"}}
         refused = httpx.post(f"{make_proxy(config).url}/v1/chat/completions", json=BODY, timeout=30)
+        assert tls_context.cache_info().currsize == 1  # an https upstream: our trust store
         assert refused.status_code == 502
         assert "CERTIFICATE_VERIFY_FAILED" in refused.json()["error"]["message"]
         monkeypatch.setenv("SSL_CERT_FILE", cert)  # the operator trusts it (a corporate CA, a local server)
