@@ -5,10 +5,10 @@ A full collection walks every live container and stops the event loop meanwhile,
 At start-up ~65k containers are live (modules, the model-window map, the app), all of them for the life of
 the process, and a full collection of them alone takes ~50 ms on the 2-core test VM. Under a long run
 (20,000 requests, 16 sessions at a time) CPython made 46 full collections, 58-70 ms each (p50). Freezing
-what start-up left moves it out of every later collection: the same run's full collections took 24 ms
-(p50). Collecting the young generation less often (every 10,000 new containers instead of 700) cut the
-collector's own measured time ~10x but showed no difference in the server's CPU or latency over five
-alternating runs: CPython's thresholds are kept (fewer changes, the same figures).
+what start-up left moves it out of every later collection: the same run's 48-49 full collections took
+10-11 ms on average (two runs of bench/overhead.py). Collecting the young generation less often (every
+10,000 new containers instead of 700) cut the collector's own measured time ~10x but showed no difference
+in the server's CPU or latency over five alternating runs: CPython's thresholds are kept.
 """
 
 from __future__ import annotations

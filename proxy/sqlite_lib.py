@@ -21,7 +21,7 @@ def _load() -> None:
         import sqlite_utils  # noqa: F401
     finally:
         for name in hidden:
-            if name in sys.modules and sys.modules[name] is None:
+            if sys.modules.get(name, False) is None:  # (still our placeholder)
                 del sys.modules[name]
 
 
