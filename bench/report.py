@@ -102,7 +102,8 @@ def print_floor(result: dict[str, Any]) -> None:
                       sig3(r["cpu_per_1000"]), sig3(r["ratio"])] for r in cpu]))
     startup = result.get("startup") or {}
     if startup:
-        print("\nStart-up: process start to the first answered request; VmRSS right after it:\n")
+        print("\nStart-up: process start to the first answered request; VmRSS right after it (ctxproxy: a "
+              "first start on an empty data dir; restarted: after the long run below, its data dir kept):\n")
         print(table(["server", "cold start s", "RSS at start MB"],
                     [[name, sig3(v["cold_start_s"]), sig3(v["rss_mb"])] for name, v in startup.items()]))
     long_run = result.get("long_run") or {}

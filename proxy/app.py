@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Coroutine
@@ -53,7 +54,7 @@ from proxy.routes import (
 from proxy.session import Session, identify
 from proxy.state import SessionState, StateStore, WouldBlock
 from proxy.store.storage import ArchiveQueries, Storage, open_storage
-from proxy.tokens import TokenCounter, model_window
+from proxy.tokens import TokenCounter, model_window, use_cache_dir
 from proxy.ui import routes as ui_routes
 from proxy.upstream import ClientDisconnected, Upstream, response_headers, unless_disconnected
 from proxy.wire import Decoded, WireFormat, resent
@@ -343,8 +344,9 @@ def build_app(config: Config, *, settle_collector: bool = False) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         tokens = TokenCounter()
+        use_cache_dir(cache := config.data_dir / "cache")  # the tokenizers' ranks, quick to load
         await anyio.to_thread.run_sync(warm_up, tokens, policies)
-        heavy.enable()  # huge texts are tokenized and summarized in a worker process
+        heavy.enable(setup=functools.partial(use_cache_dir, cache))  # huge texts: in a worker process
         metrics = Metrics()
         storage = await anyio.to_thread.run_sync(lambda: open_storage(
             config, tokens, pricing=Pricing(config.prices()), on_exchange=on_archived(metrics)))

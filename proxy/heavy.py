@@ -24,13 +24,15 @@ HUGE_CHARS = 1_000_000
 
 _pool: ProcessPoolExecutor | None = None
 _enabled = False
+_setup: Callable[[], None] | None = None
 _lock = threading.Lock()
 
 
-def enable() -> None:
-    """Use a worker process for huge texts from now on (the server calls this at start-up)."""
-    global _enabled
-    _enabled = True
+def enable(setup: Callable[[], None] | None = None) -> None:
+    """Use a worker process for huge texts from now on (the server calls this at start-up); `setup`
+    runs first in that process (a pickleable module-level function or partial)."""
+    global _enabled, _setup
+    _enabled, _setup = True, setup
 
 
 def shutdown() -> None:
@@ -46,7 +48,8 @@ def _worker_pool() -> ProcessPoolExecutor:
     with _lock:
         if _pool is None:
             # spawn, not fork: forking a process that runs threads (uvicorn, the archive writer) is unsafe.
-            _pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+            _pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                        initializer=_setup)
         return _pool
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import itertools
+import logging
 import operator
 import os
 import threading
@@ -21,7 +22,9 @@ from typing import Any
 
 import orjson
 
-from proxy import heavy
+from proxy import heavy, tokenizer_cache
+
+log = logging.getLogger("ctxproxy")
 
 FALLBACK_WINDOW = 8192
 # Per-message overheads as in OpenAI's published counting recipe.
@@ -83,13 +86,40 @@ def _encoder(name: str) -> Callable[[str], int]:
 
         tokenizer = Tokenizer.from_file(str(_litellm_resource_dir() / "anthropic_tokenizer.json"))
         return lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)
-    import tiktoken
-
-    encoding = tiktoken.get_encoding(name)
+    encoding = _tiktoken_encoding(name)
     # Counting runs in the Rust core, which holds its own copy of the ranks; the Python dict beside it
     # (~35 MB for o200k) serves only to pickle an unregistered encoding. Harmless if tiktoken changes.
     encoding._mergeable_ranks = {}
     return lambda text: len(encoding.encode_ordinary(text))
+
+
+_cache_dir: Path | None = None
+
+
+def use_cache_dir(folder: Path | None) -> None:
+    """Keep the tokenizers' ranks under `folder` (the server's `<data_dir>/cache`): a faster start."""
+    global _cache_dir
+    _cache_dir = folder
+
+
+def _tiktoken_encoding(name: str) -> Any:
+    """tiktoken's encoding, built from our cached ranks when they check out (proxy/tokenizer_cache.py)."""
+    import tiktoken
+    from tiktoken_ext.openai_public import ENCODING_CONSTRUCTORS
+
+    constructor = ENCODING_CONSTRUCTORS.get(name)
+    if _cache_dir is None or constructor is None:
+        return tiktoken.get_encoding(name)
+    kwargs = tokenizer_cache.load(_cache_dir, name, tiktoken.__version__)
+    if kwargs is not None:
+        try:
+            return tiktoken.Encoding(**kwargs)
+        except (TypeError, ValueError, OverflowError, AssertionError):
+            log.warning("tokenizer cache for %s did not build: rebuilt", name)
+    kwargs = constructor()
+    encoding = tiktoken.Encoding(**kwargs)
+    tokenizer_cache.store(_cache_dir, name, tiktoken.__version__, kwargs)
+    return encoding
 
 
 # By model, then by message object: id -> (the message, its count). The entry holds the message, so

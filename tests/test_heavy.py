@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
 
-from proxy import heavy
+from proxy import heavy, tokens
 from proxy.summarize import summarize
 from proxy.tokens import TokenCounter, count_text
 
@@ -44,3 +45,13 @@ def test_worker_results_equal_inline_results():
     finally:
         heavy.shutdown()
     assert in_worker == inline
+
+
+def test_the_worker_runs_its_setup_first(tmp_path):
+    """The server's worker keeps its tokenizer's ranks where the server does (proxy/tokenizer_cache.py)."""
+    heavy.enable(setup=functools.partial(tokens.use_cache_dir, tmp_path))
+    try:
+        assert heavy.call(count_text, "x" * heavy.HUGE_CHARS, "o200k_base") > 0
+    finally:
+        heavy.shutdown()
+    assert [p.name.split("-")[1] for p in tmp_path.iterdir()] == ["o200k_base"]
