@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from proxy import heavy, tokenizer_cache
+from proxy import heavy, parallel, tokenizer_cache
 
 log = logging.getLogger("ctxproxy")
 
@@ -33,6 +33,9 @@ TOKENS_PER_NAME = 1
 REPLY_PRIMING = 3
 IMAGE_TOKENS = 765
 
+# From here a request's uncounted messages are counted across threads (a long history's first sight).
+PARALLEL_MESSAGES = 16
+PARALLEL_CHARS = 256 * 1024
 _CACHE_LIMIT = 200_000
 # Keys hold the counted text itself: bound the memo by the characters it keeps alive, not only entries.
 _CACHE_CHARS = 64 * 1024 * 1024
@@ -209,15 +212,38 @@ class TokenCounter:
 
     def messages(self, messages: list[dict[str, Any]], model: str) -> int:
         counts: Scoped | None = getattr(self._scope, "counts", None)
-        scoped = None if counts is None else counts.get(model)
-        if scoped is None:
+        if counts is None:
             return REPLY_PRIMING + sum(self.message(m, model) for m in messages)
+        scoped = counts.setdefault(model, {})
         # Messages counted before in this scope (a resent history: nearly all) are summed in C; only
         # the others are counted one by one.
         hits = list(map(scoped.get, map(id, messages)))
         known: Iterable[tuple[dict[str, Any], int]] = filter(None, hits)
-        new = itertools.compress(messages, map(operator.not_, hits))
+        new = list(itertools.compress(messages, map(operator.not_, hits)))
+        if len(new) >= PARALLEL_MESSAGES:
+            self._count_across_threads(new, model, scoped)
         return REPLY_PRIMING + sum(map(_COUNT, known)) + sum(self.message(m, model) for m in new)
+
+    def _count_across_threads(self, new: list[dict[str, Any]], model: str,
+                              scoped: dict[int, tuple[dict[str, Any], int]]) -> None:
+        """A first sight of a long history: what the memo does not know is counted on every core
+        (proxy/parallel.py), into the memo and this request's scope."""
+        family = encoding_name_for(model)
+        todo: list[tuple[dict[str, Any], tuple[str, Any]]] = []
+        for message in new:
+            key = (family, _message_key(message))
+            if (found := self._memo.get(key)) is not None:
+                scoped[id(message)] = (message, found)
+            else:
+                todo.append((message, key))
+        sizes = [_rough_chars(message) for message, _ in todo]
+        if sum(sizes) < PARALLEL_CHARS:
+            return  # (the caller counts them one by one: not worth a hand-over)
+        counted = parallel.map_split(functools.partial(count_messages, family=family),
+                                     [message for message, _ in todo], sizes)
+        for (message, key), count in zip(todo, counted, strict=True):
+            self._remember(key, _key_size(key[1]), count)
+            scoped[id(message)] = (message, count)
 
     def tools(self, tools: list[Any] | None, model: str) -> int:
         if not tools:
@@ -267,6 +293,16 @@ def _key_size(key: tuple[Any, ...]) -> int:
 def count_text(text: str, family: str) -> int:
     """Tokens of one text (module-level, so a huge text can be counted in the worker process)."""
     return _encoder(family)(text)
+
+
+def count_messages(messages: list[dict[str, Any]], family: str) -> list[int]:
+    return [_count_message(message, family) for message in messages]
+
+
+def _rough_chars(message: dict[str, Any]) -> int:
+    """About how much text a message holds (to split a history into equal parts)."""
+    content = message.get("content")
+    return (len(content) if isinstance(content, str) else 1024) + 256 * len(message.get("tool_calls") or ())
 
 
 def _count_message(message: dict[str, Any], family: str) -> int:
