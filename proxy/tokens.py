@@ -215,6 +215,10 @@ class TokenCounter:
         if counts is None:
             return REPLY_PRIMING + sum(self.message(m, model) for m in messages)
         scoped = counts.setdefault(model, {})
+        try:  # every message counted before in this scope (a request's later walks): one pass, in C
+            return REPLY_PRIMING + sum(map(_COUNT, map(scoped.__getitem__, map(id, messages))))
+        except KeyError:  # (one is not)
+            pass
         # Messages counted before in this scope (a resent history: nearly all) are summed in C; only
         # the others are counted one by one.
         hits = list(map(scoped.get, map(id, messages)))

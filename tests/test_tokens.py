@@ -6,6 +6,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from proxy.tokens import FALLBACK_WINDOW, model_prices, model_window
 
 
@@ -51,3 +54,23 @@ def test_a_request_scopes_counter_counts_what_message_counts():
         assert [count(m) for m in messages] == expected  # now all looked up
         edited = {**messages[5], "content": "another text entirely, longer than the first one was"}
         assert count(edited) == tokens.message(edited, model) != expected[5]
+
+
+@given(st.lists(st.text(max_size=40), min_size=0, max_size=25), st.data())
+def test_a_scope_sums_what_message_counts_whichever_were_counted_before(texts, data):
+    """`messages` in a scope: the all-known fast path and the one that counts the rest give the same sum
+    as counting each message (a message may appear twice: the same object)."""
+    from proxy.tokens import REPLY_PRIMING, TokenCounter
+
+    tokens, model = TokenCounter(), "gpt-4o"
+    messages = [{"role": "user", "content": text} for text in texts]
+    if messages:
+        messages += data.draw(st.lists(st.sampled_from(messages), max_size=3))
+    expected = REPLY_PRIMING + sum(TokenCounter().message(m, model) for m in messages)
+    before = data.draw(st.lists(st.sampled_from(messages), max_size=len(messages))) if messages else []
+    with tokens.request_scope():
+        count = tokens.counter(model)
+        for message in before:
+            count(message)
+        assert tokens.messages(messages, model) == expected
+        assert tokens.messages(messages, model) == expected  # (now every one is known)
