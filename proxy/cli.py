@@ -164,9 +164,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_pin(args: argparse.Namespace) -> int:
     from proxy.policy import PolicyStore
     from proxy.store.storage import open_pins
-    from proxy.tokens import TokenCounter
+    from proxy.tokens import TokenCounter, use_cache_dir
 
     config = _config(args)
+    use_cache_dir(config.data_dir / "cache")  # a pin is counted: the server's cached ranks load faster
     policy = PolicyStore(config.policies_dir).get(args.policy)
     if args.pin_command == "add" and (args.file is None) == (args.text is None):
         print("ctxproxy pin add: give a FILE or --text TEXT", file=sys.stderr)

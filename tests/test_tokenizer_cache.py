@@ -152,3 +152,20 @@ def test_the_server_keeps_the_ranks_in_its_data_dir_and_starts_from_them(tmp_pat
     again = cached.stat()
     assert (again.st_ino, again.st_mtime_ns) == (first.st_ino, first.st_mtime_ns)  # read, not rewritten
     assert os.listdir(data_dir / "cache") == [cached.name]
+
+
+def test_the_pin_command_counts_with_the_same_cache(tmp_path):
+    """`ctxproxy pin add` (a process of its own) counts the pin with the data dir's cached ranks."""
+    data_dir = tmp_path / "data"
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"data_dir": str(data_dir)}))
+    argv = [sys.executable, "-m", "proxy", "pin", "add", "--config", str(config), "--policy", "default",
+            "--text", "The staging host is stg-04."]
+    first = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    cached = tokenizer_cache.cache_path(data_dir / "cache", "o200k_base", tiktoken.__version__).stat()
+    again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.split()[1:3] == first.stdout.split()[1:3]  # the same count
+    after = tokenizer_cache.cache_path(data_dir / "cache", "o200k_base", tiktoken.__version__).stat()
+    assert (after.st_ino, after.st_mtime_ns) == (cached.st_ino, cached.st_mtime_ns)
