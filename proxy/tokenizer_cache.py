@@ -5,8 +5,11 @@ start (o200k: ~0.15 s on a quick machine, ~0.35 s on a slow one: a sixth of ctxp
 constructor arguments written once with `marshal` load in ~0.05 s. The file is ours (`<data_dir>/cache/`,
 0600 in a 0700 folder, written whole then renamed into place), named by everything its bytes depend on
 (the encoding, tiktoken's version, the marshal format), and checked against a digest before it is used:
-anything that does not check out is ignored and written anew. marshal builds plain values only (it runs
-nothing), and what it built is type-checked before tiktoken sees it.
+anything that does not check out is ignored and written anew. marshal runs no code, but it is not made
+for hostile bytes (a crafted payload can make it allocate or loop without end: random bytes do, in a
+fuzz run): it only ever reads a payload whose digest checks out, so a damaged file never reaches it, and
+the folder is the proxy's own, as the archive beside it. What it built is type-checked before tiktoken
+sees it.
 """
 
 from __future__ import annotations
