@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import tiktoken
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tiktoken_ext import openai_public
 
 from proxy import tokenizer_cache, tokens
@@ -169,3 +171,21 @@ def test_the_pin_command_counts_with_the_same_cache(tmp_path):
     assert again.stdout.split()[1:3] == first.stdout.split()[1:3]  # the same count
     after = tokenizer_cache.cache_path(data_dir / "cache", "o200k_base", tiktoken.__version__).stat()
     assert (after.st_ino, after.st_mtime_ns) == (cached.st_ino, cached.st_mtime_ns)
+
+
+class NeverRead:
+    """Stands for marshal where a file must be turned away before it is parsed."""
+    version = marshal.version
+
+    @staticmethod
+    def loads(data: bytes):
+        raise AssertionError("marshal was handed bytes whose digest does not check out")
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(max_size=200))
+def test_whatever_bytes_the_file_holds_never_reach_marshal(tmp_path, monkeypatch, data):
+    """(marshal is not made for hostile bytes: random ones can make it allocate or loop without end.)"""
+    monkeypatch.setattr(tokenizer_cache, "marshal", NeverRead)
+    tokenizer_cache.cache_path(tmp_path, NAME, "0").write_bytes(data)
+    assert tokenizer_cache.load(tmp_path, NAME, "0") is None
