@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Coroutine
@@ -346,7 +345,7 @@ def build_app(config: Config, *, settle_collector: bool = False) -> Starlette:
         tokens = TokenCounter()
         use_cache_dir(cache := config.data_dir / "cache")  # the tokenizers' ranks, quick to load
         await anyio.to_thread.run_sync(warm_up, tokens, policies)
-        heavy.enable(setup=functools.partial(use_cache_dir, cache))  # huge texts: in a worker process
+        heavy.enable(use_cache_dir, cache)  # huge texts: in a worker process, which reads the same cache
         metrics = Metrics()
         storage = await anyio.to_thread.run_sync(lambda: open_storage(
             config, tokens, pricing=Pricing(config.prices()), on_exchange=on_archived(metrics)))

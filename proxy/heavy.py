@@ -24,15 +24,15 @@ HUGE_CHARS = 1_000_000
 
 _pool: ProcessPoolExecutor | None = None
 _enabled = False
-_setup: Callable[[], None] | None = None
+_setup: tuple[Callable[..., None], tuple[Any, ...]] | None = None
 _lock = threading.Lock()
 
 
-def enable(setup: Callable[[], None] | None = None) -> None:
-    """Use a worker process for huge texts from now on (the server calls this at start-up); `setup`
-    runs first in that process (a pickleable module-level function or partial)."""
+def enable(setup: Callable[..., None] | None = None, *setup_args: Any) -> None:
+    """Use a worker process for huge texts from now on (the server calls this at start-up);
+    `setup(*setup_args)` runs first in that process (a module-level function: it is pickled by name)."""
     global _enabled, _setup
-    _enabled, _setup = True, setup
+    _enabled, _setup = True, None if setup is None else (setup, setup_args)
 
 
 def shutdown() -> None:
@@ -48,8 +48,9 @@ def _worker_pool() -> ProcessPoolExecutor:
     with _lock:
         if _pool is None:
             # spawn, not fork: forking a process that runs threads (uvicorn, the archive writer) is unsafe.
+            setup, setup_args = _setup or (None, ())
             _pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                                        initializer=_setup)
+                                        initializer=setup, initargs=setup_args)
         return _pool
 
 

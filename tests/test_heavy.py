@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 
 import pytest
@@ -49,7 +48,7 @@ def test_worker_results_equal_inline_results():
 
 def test_the_worker_runs_its_setup_first(tmp_path):
     """The server's worker keeps its tokenizer's ranks where the server does (proxy/tokenizer_cache.py)."""
-    heavy.enable(setup=functools.partial(tokens.use_cache_dir, tmp_path))
+    heavy.enable(tokens.use_cache_dir, tmp_path)
     try:
         assert heavy.call(count_text, "x" * heavy.HUGE_CHARS, "o200k_base") > 0
     finally:
