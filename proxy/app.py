@@ -174,7 +174,7 @@ async def converse(request: Request, wire: WireFormat) -> Response:
             sent_at = time.perf_counter()
             response = await unless_disconnected(telemetry.upstream_call(
                 rc, upstream.open("POST", wire.upstream_path, query, headers, content)), request.receive)
-            headers_ms = (time.perf_counter() - sent_at) * 1000
+            headers_ms = response.headers_ms  # (from the send, as the upstream's time to its last byte)
         elif outcome.internal_tools:
             response, payload, rest = await unless_disconnected(rounds.complete(rc), request.receive)
         else:

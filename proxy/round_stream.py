@@ -82,7 +82,6 @@ async def stream(rc: RoundsContext, first: UpstreamResponse, framer: Framer) -> 
     record = new_round(rc, conversation)
     between_rounds = False  # internal calls answered, the next round's record not made yet
     record.status, record.upstream_headers_ms = response.status_code, rc.first_headers_ms
-    started = time.perf_counter() - rc.first_headers_ms / 1000  # it was sent before its headers came
     try:
         while True:
             broke: TransportError | None = None
@@ -112,7 +111,7 @@ async def stream(rc: RoundsContext, first: UpstreamResponse, framer: Framer) -> 
                 try:
                     response = await open_stream(rc, content)
                     record.status = response.status_code
-                    record.upstream_headers_ms = (time.perf_counter() - started) * 1000
+                    record.upstream_headers_ms = response.headers_ms
                     body = None if response.status_code == 200 else \
                         await _error_body(response, rc.upstream)
                 finally:

@@ -84,6 +84,7 @@ class UpstreamResponse:
         self.status_code = raw.status
         self.headers = Headers(raw.headers)
         self._sent_at = sent_at
+        self._headers_at = time.perf_counter()  # (made as the headers arrive)
         self._read_timeout_s = read_timeout_s
         self._closed_at: float | None = None
         self._on_close: list[Callable[[], None]] = []
@@ -118,6 +119,11 @@ class UpstreamResponse:
 
     def on_close(self, callback: Callable[[], None]) -> None:
         self._on_close.append(callback)
+
+    @property
+    def headers_ms(self) -> float:
+        """From sending the request to its response's headers (the same start as `elapsed_ms`)."""
+        return (self._headers_at - self._sent_at) * 1000
 
     @property
     def elapsed_ms(self) -> float:
