@@ -20,6 +20,7 @@ import orjson
 
 from proxy.errors import BadRequest
 from proxy.wire.resent import parsed, remember_checked
+from proxy.wire.splice import Spans
 
 MAX_DEPTH = 128  # containers, the body itself being level 1 (orjson.dumps refuses level 255)
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -30,12 +31,16 @@ _TYPE_NAMES = {dict: "an object", list: "an array", str: "a string", int: "an in
 def parse_chat_request(raw: bytes) -> dict[str, Any]:
     """The request body as a dict whose messages/tools have the shapes the proxy relies on, or BadRequest.
     A resent history is parsed and checked only past the messages an earlier body had (resent.py)."""
+    return parse_chat_body(raw)[0]
+
+
+def parse_chat_body(raw: bytes) -> tuple[dict[str, Any], Spans | None]:
+    """`parse_chat_request`, and where its messages lie in `raw` when that is known (a large body)."""
     body, known, resent = parsed(raw, "messages", loads)
     if type(body) is not dict:
         raise BadRequest("request body must be a JSON object", code="invalid_json")
     validate_chat_request(body, start=known)
-    remember_checked(raw, "messages", body, resent)
-    return body
+    return body, remember_checked(raw, "messages", body, resent)
 
 
 # ---------------------------------------------------------------------------------------------- parsing

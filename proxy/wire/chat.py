@@ -7,13 +7,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from proxy import commands, faults, round_stream, validate
 from proxy.errors import CtxProxyError
 from proxy.upstream_response import UpstreamResponse
 from proxy.wire import Decoded, Message, Turn
 from proxy.wire.resent import BODIES
+from proxy.wire.splice import spliced_body
 
 if TYPE_CHECKING:
     from proxy.rounds import RoundsContext
@@ -30,17 +29,14 @@ class ChatFormat:
         return BODIES.fresh_bytes(raw, "messages")  # (a resent history: only what is new is parsed)
 
     def decode(self, raw: bytes) -> Decoded:
-        body = validate.parse_chat_request(raw)
+        body, spans = validate.parse_chat_body(raw)
         messages = body["messages"]
 
         def encode(forwarded: list[Message], original: list[Message], tools: list[Any] | None) -> bytes:
             if forwarded is messages and tools is body.get("tools"):
                 return raw
-            updated = dict(body)
-            updated["messages"] = forwarded
-            if tools is not None:
-                updated["tools"] = tools
-            return orjson.dumps(updated)
+            updated = body if tools is None else {**body, "tools": tools}
+            return spliced_body(updated, "messages", forwarded, spans, messages)  # (unchanged ones copied)
 
         return Decoded(body=body, model=str(body.get("model") or ""), stream=body.get("stream") is True,
                        messages=messages, tools=body.get("tools"), session_body=body, encode=encode, raw=raw)

@@ -28,6 +28,8 @@ from typing import Any
 
 import orjson
 
+from proxy.wire.splice import Spans
+
 MIN_BYTES = 64 * 1024  # smaller bodies parse in well under a millisecond: not worth remembering
 GROUP_PREFIX = 64  # bodies are grouped by their opening bytes (model, the system prompt's start)
 GROUP_SIZE = 32  # bodies remembered per group (concurrent sessions of one agent share their opening)
@@ -47,6 +49,7 @@ class _Layout:
 
     head: dict[str, Any]  # the top-level keys before the array (parsed), in order
     ends: list[int]
+    opening: int  # the offset just past the array's `[`
 
 
 @dataclass
@@ -159,7 +162,7 @@ class ResentBodies:
             return None
         body, tail_ends = parsed
         entry = None if tail_ends is None else \
-            _Body(raw, body, _Layout(layout.head, layout.ends[:reused] + tail_ends))
+            _Body(raw, body, _Layout(layout.head, layout.ends[:reused] + tail_ends, layout.opening))
         return Resent(body, reused, group, entry, best)
 
     def keep(self, resent: Resent) -> None:
@@ -167,16 +170,18 @@ class ResentBodies:
         if resent.entry is not None:
             self._keep(resent.group, resent.entry, replacing=resent.replacing)
 
-    def remember(self, raw: bytes, key: str, body: dict[str, Any]) -> None:
+    def remember(self, raw: bytes, key: str, body: dict[str, Any]) -> Spans | None:
         """A body parsed whole and checked, for the next request that resends it. Where its elements end
         is found now (a scan at a few ms a megabyte, once a session: later bodies are scanned past the
-        reused part only)."""
+        reused part only). Returns where they lie (None for a small body or an odd shape)."""
         if len(raw) < self.min_bytes or not self.limit_bytes or type(body.get(key)) is not list:
-            return
+            return None
         layout = layout_of(raw, key, len(body[key]))
         if layout is not None and layout.ends and all(k in body for k in layout.head):
             layout.head = {k: body[k] for k in layout.head}  # the body's own objects, as for messages
             self._keep((key, raw[:self.group_prefix]), _Body(raw, body, layout))
+            return Spans(raw, layout.opening, layout.ends)
+        return None
 
     def _keep(self, group: tuple[str, bytes], entry: _Body, replacing: _Body | None = None) -> None:
         with self._lock:
@@ -263,7 +268,7 @@ def layout_of(raw: bytes, key: str, count: int) -> _Layout | None:
     if type(head) is not dict:
         return None
     head.pop(key, None)
-    return _Layout(head, ends)
+    return _Layout(head, ends, bracket + 1)
 
 
 def _is_key(match: re.Match[bytes], key: str) -> bool:
@@ -314,9 +319,11 @@ def parsed(raw: bytes, key: str, loads: Callable[[bytes], Any]) -> tuple[Any, in
     return (resent.body, resent.reused, resent) if resent is not None else (loads(raw), 0, None)
 
 
-def remember_checked(raw: bytes, key: str, body: dict[str, Any], resent: Resent | None) -> None:
-    """After a body passed its checks: keep it (resent) or remember it (parsed whole) for the next."""
-    if resent is not None:
-        BODIES.keep(resent)
-    else:
-        BODIES.remember(raw, key, body)
+def remember_checked(raw: bytes, key: str, body: dict[str, Any], resent: Resent | None) -> Spans | None:
+    """After a body passed its checks: keep it (resent) or remember it (parsed whole) for the next.
+    Returns where the elements under `key` lie in `raw`, when that is known (wire/splice.py)."""
+    if resent is None:
+        return BODIES.remember(raw, key, body)
+    BODIES.keep(resent)
+    entry = resent.entry
+    return None if entry is None else Spans(raw, entry.layout.opening, entry.layout.ends)
