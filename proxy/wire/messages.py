@@ -40,6 +40,7 @@ from proxy.wire.messages_check import validate_messages_request
 from proxy.wire.messages_rules import problems
 from proxy.wire.neutral_cache import NEUTRAL, NeutralCache
 from proxy.wire.resent import MIN_BYTES
+from proxy.wire.splice import Spans, spliced_body
 
 log = logging.getLogger("ctxproxy")
 
@@ -58,8 +59,8 @@ class Origin:
 
 
 def decode(raw: bytes) -> Decoded:
-    body = validate_messages_request(raw)
-    encoder = Encoder(body, raw)
+    body, spans = validate_messages_request(raw)
+    encoder = Encoder(body, raw, spans)
     management = body.get("context_management")
     return Decoded(body=body, model=str(body.get("model") or ""), stream=body.get("stream") is True,
                    messages=encoder.neutral, tools=body.get("tools"),
@@ -71,8 +72,8 @@ def decode(raw: bytes) -> Decoded:
 
 
 class Encoder:
-    def __init__(self, body: dict[str, Any], raw: bytes = b"") -> None:
-        self.body, self.raw = body, raw
+    def __init__(self, body: dict[str, Any], raw: bytes = b"", spans: Spans | None = None) -> None:
+        self.body, self.raw, self.spans = body, raw, spans  # (spans: where body["messages"] lie in raw)
         self.start = compacted_until(body["messages"])  # what precedes is the provider's to manage
         self.origins: dict[int, Origin] = {}
         self.keep: list[Message] = []  # neutral messages whose ids are in `origins` stay alive
@@ -239,7 +240,7 @@ class Encoder:
             # A rewrite the provider would reject is our bug: the client's request goes instead.
             log.error("Messages rewrite broke the request (%s); forwarding it unchanged", "; ".join(broken))
             return self.raw or orjson.dumps(self.body)  # (the app sees the raw bytes: a fallback)
-        return orjson.dumps(out)
+        return spliced_body(out, "messages", messages, self.spans, self.body["messages"])  # (copies the same)
 
     def _blocks(self, sent: Message, client: Message,
                 origin: Origin | None) -> tuple[str, list[dict[str, Any]], dict[str, Any] | None]:

@@ -9,6 +9,7 @@ from typing import Any, NoReturn
 from proxy.errors import BadRequest
 from proxy.validate import MAX_DEPTH, loads
 from proxy.wire.resent import parsed, remember_checked
+from proxy.wire.splice import Spans
 
 _NAMES = {dict: "an object", list: "an array", str: "a string", int: "an integer", float: "a number",
           bool: "a boolean", type(None): "null"}
@@ -24,7 +25,8 @@ def _expect(param: str, value: Any, kind: type, name: str) -> None:
         _fail(param, f"expected {name}, got {_NAMES.get(type(value), type(value).__name__)}")
 
 
-def validate_messages_request(raw: bytes) -> dict[str, Any]:
+def validate_messages_request(raw: bytes) -> tuple[dict[str, Any], Spans | None]:
+    """The body, checked, and where its messages lie in `raw` when that is known (wire/splice.py)."""
     body, known, resent = parsed(raw, "messages", loads)  # (items up to `known`: checked before)
     if type(body) is not dict:
         raise BadRequest("request body must be a JSON object", code="invalid_json")
@@ -52,8 +54,7 @@ def validate_messages_request(raw: bytes) -> dict[str, Any]:
     for index in range(known, len(messages)):
         _check_message(messages[index], f"messages.{index}")
     _check_depth({**body, "messages": messages[known:]} if known else body)
-    remember_checked(raw, "messages", body, resent)
-    return body
+    return body, remember_checked(raw, "messages", body, resent)
 
 
 def _check_message(message: Any, at: str) -> None:

@@ -25,6 +25,7 @@ from proxy.wire import Decoded, Message
 from proxy.wire.neutral_cache import NEUTRAL, NeutralCache
 from proxy.wire.resent import MIN_BYTES
 from proxy.wire.responses_check import validate_responses_request
+from proxy.wire.splice import Spans, spliced_body
 
 INSTRUCTIONS = -1
 USER_SIDE_MESSAGE_ROLES = ("user", "system", "developer")
@@ -83,8 +84,8 @@ def developer(text: str) -> dict[str, Any]:
 
 
 def decode(raw: bytes) -> Decoded:
-    body = validate_responses_request(raw)
-    encoder = Encoder(body, raw)
+    body, spans = validate_responses_request(raw)
+    encoder = Encoder(body, raw, spans)
     metadata: dict[str, Any] = body["metadata"] if isinstance(body.get("metadata"), dict) else {}
     if "session_id" not in metadata and isinstance(body.get("prompt_cache_key"), str):
         metadata = {**metadata, "session_id": body["prompt_cache_key"]}  # Codex: one per conversation
@@ -99,8 +100,8 @@ def decode(raw: bytes) -> Decoded:
 
 
 class Encoder:
-    def __init__(self, body: dict[str, Any], raw: bytes) -> None:
-        self.body, self.raw = body, raw
+    def __init__(self, body: dict[str, Any], raw: bytes, spans: Spans | None = None) -> None:
+        self.body, self.raw, self.spans = body, raw, spans  # (spans: where body["input"] lies in raw)
         source = body.get("input")
         self.items: list[dict[str, Any]] = [{"role": "user", "content": source}] if isinstance(source, str) \
             else list(source or [])
@@ -216,6 +217,8 @@ class Encoder:
         if tools is not None and tools is not self.body.get("tools"):
             client_tools = list(self.body.get("tools") or [])
             out["tools"] = [*client_tools, *(native_tool(t) for t in tools[len(client_tools):])]
+        if isinstance(self.body.get("input"), list):  # the client's unchanged items copied as sent
+            return spliced_body(out, "input", out["input"], self.spans, self.body["input"])
         return orjson.dumps(out)
 
     def _made(self, sent: Message, client: Message) -> list[dict[str, Any]]:

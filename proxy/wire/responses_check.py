@@ -8,6 +8,7 @@ from typing import Any, NoReturn
 from proxy.errors import BadRequest
 from proxy.validate import MAX_DEPTH, loads
 from proxy.wire.resent import parsed, remember_checked
+from proxy.wire.splice import Spans
 
 _NAMES = {dict: "an object", list: "an array", str: "a string", int: "an integer", float: "a number",
           bool: "a boolean", type(None): "null"}
@@ -24,7 +25,8 @@ def _expect(param: str, value: Any, kind: type | tuple[type, ...], name: str) ->
                      f"{_NAMES.get(type(value), type(value).__name__)} instead.")
 
 
-def validate_responses_request(raw: bytes) -> dict[str, Any]:
+def validate_responses_request(raw: bytes) -> tuple[dict[str, Any], Spans | None]:
+    """The body, checked, and where its input items lie in `raw` when that is known (wire/splice.py)."""
     body, known, resent = parsed(raw, "input", loads)  # (items up to `known`: checked before)
     if type(body) is not dict:
         raise BadRequest("request body must be a JSON object", code="invalid_json")
@@ -44,8 +46,7 @@ def validate_responses_request(raw: bytes) -> dict[str, Any]:
     for index, tool in enumerate(body.get("tools") or []):
         _expect(f"tools[{index}]", tool, dict, "an object")
     _check_depth({**body, "input": source[known:]} if known and isinstance(source, list) else body)
-    remember_checked(raw, "input", body, resent)
-    return body
+    return body, remember_checked(raw, "input", body, resent)
 
 
 def _check_item(item: Any, at: str) -> None:

@@ -12,7 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.wire.chat import CHAT
+from proxy.wire.messages import Encoder as MessagesEncoder
+from proxy.wire.messages_check import validate_messages_request
 from proxy.wire.resent import ResentBodies, layout_of
+from proxy.wire.responses import Encoder as ResponsesEncoder
+from proxy.wire.responses_check import validate_responses_request
 from proxy.wire.splice import Spans, spliced_body
 
 tricky_text = st.lists(st.sampled_from([*'ab "\\{}[]:,\n\té€😀', '"messages":[', "\x00ctxproxy"]),
@@ -143,3 +147,65 @@ def test_the_chat_codec_copies_a_resent_history() -> None:
     located = spans_of(second, len(grown))
     as_sent = second[located.ends[5]:located.ends[-1]].lstrip(b" \n,")  # the untouched run after the summary
     assert b"\n      " in as_sent and as_sent in out
+
+
+def _resent_pair(turns: list[dict[str, Any]], more: dict[str, Any], key: str, validate: Any,
+                 **rest: Any) -> tuple[bytes, dict[str, Any], Spans | None]:
+    """A large pretty-printed body validated (remembered), then the same one more item longer: the second
+    body, as parsed, and where its items lie."""
+    first = json.dumps({**rest, key: turns}, indent=2).encode()
+    assert len(first) > 64 * 1024
+    validate(first)
+    second = json.dumps({**rest, key: [*turns, more]}, indent=2).encode()
+    body, spans = validate(second)
+    return second, body, spans
+
+
+def test_the_messages_codec_copies_a_resent_history() -> None:
+    """Anthropic Messages: the native messages the rewrite leaves as they were go as the client sent them;
+    the body says what the codec's whole serialization says."""
+    turns = [{"role": "user" if n % 2 == 0 else "assistant", "content": f"turn {n} " + "z" * 2000}
+             for n in range(60)]
+    raw, body, spans = _resent_pair(turns, {"role": "user", "content": "and now?"}, "messages",
+                                    validate_messages_request, model="claude", max_tokens=64,
+                                    system="Be brief.")
+    copying, whole = MessagesEncoder(body, raw, spans), MessagesEncoder(body, raw, None)
+    original = copying.neutral
+    assert whole.neutral == original and spans is not None
+    forwarded = [*original[:10], {**original[10], "content": "[summary]"}, *original[11:]]
+
+    out = copying.encode(forwarded, original, None)
+
+    assert orjson.loads(out) == orjson.loads(whole.encode(forwarded, original, None))
+    located = spans_of(raw, len(body["messages"]))
+    as_sent = raw[located.ends[9]:located.ends[-1]].lstrip(b" \n,")  # after the changed one, as sent
+    assert b"\n      " in as_sent and as_sent in out
+
+
+def test_the_responses_codec_copies_a_resent_history() -> None:
+    """OpenAI Responses: the same for the input items."""
+    turns = [{"type": "message", "role": "user" if n % 2 == 0 else "assistant",
+              "content": [{"type": "input_text" if n % 2 == 0 else "output_text",
+                           "text": f"turn {n} " + "z" * 2000}]} for n in range(60)]
+    more = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "and now?"}]}
+    raw, body, spans = _resent_pair(turns, more, "input", validate_responses_request, model="gpt-5",
+                                    instructions="Be brief.")
+    copying, whole = ResponsesEncoder(body, raw, spans), ResponsesEncoder(body, raw, None)
+    original = copying.neutral
+    assert whole.neutral == original and spans is not None
+    changed = next(i for i, m in enumerate(original) if m.get("role") == "user" and i > 20)
+    forwarded = [*original[:changed], {**original[changed], "content": "[summary]"}, *original[changed + 1:]]
+
+    out = copying.encode(forwarded, original, None)
+
+    assert orjson.loads(out) == orjson.loads(whole.encode(forwarded, original, None))
+    assert b'"[summary]"' in out
+    located = spans_of_key(raw, "input", len(body["input"]))
+    as_sent = raw[located.ends[-10]:located.ends[-1]].lstrip(b" \n,")  # the last items, as sent
+    assert b"\n      " in as_sent and as_sent in out
+
+
+def spans_of_key(raw: bytes, key: str, count: int) -> Spans:
+    layout = layout_of(raw, key, count)
+    assert layout is not None
+    return Spans(raw, layout.opening, layout.ends)
