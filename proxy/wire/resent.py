@@ -64,6 +64,7 @@ class Resent:
 class _Body:
     def __init__(self, raw: bytes, body: dict[str, Any], layout: _Layout) -> None:
         self.raw, self.body, self.layout = raw, body, layout
+        self.spans: Spans | None = None  # handed to the codec (wire/splice.py), once checked
 
     def reusable(self, raw: bytes) -> int:
         """How many leading elements `raw` repeats byte for byte (memcmp stops at the first difference:
@@ -179,8 +180,10 @@ class ResentBodies:
         layout = layout_of(raw, key, len(body[key]))
         if layout is not None and layout.ends and all(k in body for k in layout.head):
             layout.head = {k: body[k] for k in layout.head}  # the body's own objects, as for messages
-            self._keep((key, raw[:self.group_prefix]), _Body(raw, body, layout))
-            return Spans(raw, layout.opening, layout.ends)
+            entry = _Body(raw, body, layout)
+            entry.spans = Spans(raw, layout.opening, layout.ends)
+            self._keep((key, raw[:self.group_prefix]), entry)
+            return entry.spans
         return None
 
     def _keep(self, group: tuple[str, bytes], entry: _Body, replacing: _Body | None = None) -> None:
@@ -324,6 +327,9 @@ def remember_checked(raw: bytes, key: str, body: dict[str, Any], resent: Resent 
     Returns where the elements under `key` lie in `raw`, when that is known (wire/splice.py)."""
     if resent is None:
         return BODIES.remember(raw, key, body)
-    BODIES.keep(resent)
     entry = resent.entry
-    return None if entry is None else Spans(raw, entry.layout.opening, entry.layout.ends)
+    if entry is not None:  # its first `reused` elements: the earlier body's, in the same places
+        layout = entry.layout
+        entry.spans = Spans(raw, layout.opening, layout.ends, resent.replacing.spans, resent.reused)
+    BODIES.keep(resent)
+    return None if entry is None else entry.spans

@@ -13,9 +13,7 @@ copied only when it is the very object that was parsed there, which nothing edit
 from __future__ import annotations
 
 import itertools
-import operator
 import re
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -27,14 +25,32 @@ _STAND_IN_JSON = orjson.dumps(_STAND_IN)
 _SEPARATORS = re.compile(rb"[ \t\r\n,]*+")
 
 
-@dataclass(frozen=True)
 class Spans:
     """Where the elements of one top-level array lie in `raw`: `opening` is the offset just past its `[`,
-    `ends[i]` the offset just past element i's last byte."""
+    `ends[i]` the offset just past element i's last byte. `base`: the spans of an earlier body whose first
+    `shared` elements are this one's very objects in the same places (a resent history), so finding an
+    element's place extends that body's index instead of building one (~0.2 ms per 1,000 messages)."""
 
-    raw: bytes
-    opening: int
-    ends: list[int]
+    __slots__ = ("_base", "_index", "ends", "opening", "raw")
+
+    def __init__(self, raw: bytes, opening: int, ends: list[int], base: Spans | None = None,
+                 shared: int = 0) -> None:
+        self.raw, self.opening, self.ends = raw, opening, ends
+        self._index: dict[int, int] | None = None
+        # (only an index already made is kept: no chain of earlier bodies is held)
+        self._base = (base._index, shared) if base is not None and base._index is not None else None
+
+    def index_of(self, parsed: list[Any]) -> dict[int, int]:
+        """id(element) -> its place, for `parsed` (the array these spans locate). Stale entries (an earlier
+        body's elements past what is shared) may remain: check `parsed[place] is element`."""
+        if self._index is None:
+            if self._base is not None:
+                index, shared = self._base[0].copy(), self._base[1]
+                index.update(zip(map(id, parsed[shared:]), itertools.count(shared)))
+            else:
+                index = dict(zip(map(id, parsed), itertools.count()))
+            self._index, self._base = index, None
+        return self._index
 
 
 def spliced_body(body: dict[str, Any], key: str, array: list[Any], spans: Spans | None,
@@ -53,46 +69,47 @@ def spliced_body(body: dict[str, Any], key: str, array: list[Any], spans: Spans 
 
 def _array_pieces(array: list[Any], spans: Spans, parsed: list[Any]) -> list[bytes | memoryview] | None:
     """The JSON of `array` as pieces to join: runs of `parsed`'s objects as the client's bytes (views, not
-    copies), anything else serialized. None when `spans` does not describe `parsed`."""
+    copies), anything else serialized. None when `spans` does not describe `parsed`. One step an element
+    (the forwarded array is what the window kept; a run is found where the previous one ended)."""
     ends = spans.ends
     if len(ends) != len(parsed):
         return None
     raw = spans.raw
     view = memoryview(raw)
-    pieces: list[bytes | memoryview] = [b"["]
+    pieces: list[bytes | memoryview] = []
     index_of: dict[int, int] | None = None
-    at, follows = 0, 0  # where in `array`; the parsed element the previous run ended before
-    while at < len(array):
-        item = array[at]
+    run_start = follows = 0  # the run of parsed elements being copied: parsed[run_start:follows]
+
+    def copy_run() -> None:
+        first = _element_start(raw, spans.opening if run_start == 0 else ends[run_start - 1])
+        pieces.append(view[first:ends[follows - 1]])
+
+    for item in array:
         if follows < len(parsed) and parsed[follows] is item:
-            start = follows
-        else:  # elsewhere in the parsed array (after what was evicted or replaced), or not from it at all
-            if index_of is None:
-                index_of = dict(zip(map(id, parsed), itertools.count()))
-            start = index_of.get(id(item), -1)
-            if start < 0 or parsed[start] is not item:
-                if len(pieces) > 1:
-                    pieces.append(b",")
-                pieces.append(orjson.dumps(item))
-                at += 1
-                continue
-        run = _same_run(parsed, start, array, at)
-        first = _element_start(raw, spans.opening if start == 0 else ends[start - 1])
-        if len(pieces) > 1:
-            pieces.append(b",")
-        pieces.append(view[first:ends[start + run - 1]])
-        at, follows = at + run, start + run
-    pieces.append(b"]")
-    return pieces
+            follows += 1
+            continue
+        if follows > run_start:
+            copy_run()
+        if index_of is None:  # elsewhere in the parsed array (after what was evicted or replaced)?
+            index_of = spans.index_of(parsed)
+        at = index_of.get(id(item), -1)
+        if 0 <= at < len(parsed) and parsed[at] is item:
+            run_start, follows = at, at + 1
+        else:  # made by the proxy (a summary, a block): serialized
+            pieces.append(orjson.dumps(item))
+            run_start = follows = 0
+    if follows > run_start:
+        copy_run()
+    return [b"[", *_separated(pieces), b"]"]
+
+
+def _separated(pieces: list[bytes | memoryview]) -> list[bytes | memoryview]:
+    out: list[bytes | memoryview] = [b","] * (2 * len(pieces) - 1) if pieces else []
+    out[::2] = pieces
+    return out
 
 
 def _element_start(raw: bytes, after: int) -> int:
     """Where the element after offset `after` (its `[` or the previous element's end) begins."""
     separators = _SEPARATORS.match(raw, after)
     return separators.end() if separators is not None else after
-
-
-def _same_run(parsed: list[Any], start: int, array: list[Any], at: int) -> int:
-    """How many elements from parsed[start] and array[at] on are the same objects (at least one; in C)."""
-    differing = map(operator.is_not, itertools.islice(parsed, start, None), itertools.islice(array, at, None))
-    return next(itertools.compress(itertools.count(), differing), min(len(parsed) - start, len(array) - at))

@@ -11,6 +11,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.validate import parse_chat_body
 from proxy.wire.chat import CHAT
 from proxy.wire.messages import Encoder as MessagesEncoder
 from proxy.wire.messages_check import validate_messages_request
@@ -209,3 +210,55 @@ def spans_of_key(raw: bytes, key: str, count: int) -> Spans:
     layout = layout_of(raw, key, count)
     assert layout is not None
     return Spans(raw, layout.opening, layout.ends)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.randoms(use_true_random=False), styles, st.integers(min_value=2, max_value=5))
+def test_a_session_resent_turn_by_turn_is_spliced_as_it_grows(rng: random.Random, style: str,
+                                                              turns: int) -> None:
+    """Through the server's parse (validate.parse_chat_body) over turns: each body resends the last one
+    (sometimes edited early on, as a client may), each forwarded array keeps a head, drops a gap (an
+    eviction), replaces some messages and adds blocks; where elements lie is carried from body to body."""
+    pad = "p" * 1200
+    history = [{"role": "system", "content": f"rules {rng.random()}"}]
+    history += [{"role": "user" if n % 2 else "assistant", "content": f"{n} {pad}"} for n in range(60)]
+    for turn in range(turns):
+        history += [{"role": "user", "content": f"turn {turn} {rng.random()}"}]
+        if rng.random() < 0.25:  # an edited history: little is shared with the body before
+            at = rng.randint(1, len(history) - 1)
+            history[at] = {**history[at], "content": f"edited {rng.random()}"}
+        raw = dump({"model": "m", "messages": history, "stream": False}, style)
+        body, spans = parse_chat_body(raw)
+        parsed = body["messages"]
+        gap = sorted(rng.sample(range(1, len(parsed)), 2))
+        forwarded = [parsed[0], {"role": "user", "content": "<pinned>"}, *parsed[gap[1]:]]
+        for _ in range(rng.randint(0, 4)):
+            at = rng.randint(2, len(forwarded) - 1)
+            forwarded[at] = {**forwarded[at], "content": "[summary]"}
+
+        out = spliced_body(body, "messages", forwarded, spans, parsed)
+
+        assert spans is not None
+        assert json.loads(out) == {**body, "messages": forwarded}
+
+
+def test_an_earlier_bodys_element_is_never_taken_for_this_ones() -> None:
+    """The place of an element is carried from the body before; one that body had but this one does not
+    (an edited history) is serialized, not copied from the bytes now in its old place."""
+    earlier = [{"role": "user", "content": f"old {n}"} for n in range(4)]
+    raw_before = orjson.dumps({"messages": earlier})
+    before = spans_of(raw_before, 4)
+    before.index_of(earlier)
+    now = [earlier[0], earlier[1], {"role": "user", "content": "new 2"}, {"role": "user", "content": "new 3"}]
+    raw_now = orjson.dumps({"messages": now})
+    located = spans_of(raw_now, 4)
+    carried = Spans(raw_now, located.opening, located.ends, before, shared=2)
+    forwarded = [now[0], earlier[3], now[3]]  # earlier[3]: not in this body (its old place holds "new 3")
+
+    out = spliced_body({"messages": now}, "messages", forwarded, carried, now)
+
+    assert json.loads(out)["messages"] == [{"role": "user", "content": "old 0"},
+                                           {"role": "user", "content": "old 3"},
+                                           {"role": "user", "content": "new 3"}]
+    index = carried.index_of(now)  # carried over (the earlier body's entries are still in it), and right
+    assert index[id(earlier[3])] == 3 and all(index[id(m)] == place for place, m in enumerate(now))
