@@ -90,7 +90,7 @@ def run(conversation: Conversation, context: PipelineContext) -> Outcome:
         if not context.wait and context.fresh_bytes is not None and not little_to_do(state, context,
                                                                                       conversation):
             raise WouldBlock("a large request that may rewrite in a batch")  # (nothing done yet)
-        with context.tokens.request_scope(state.counted):
+        with context.tokens.request_scope(state.counted, state.walks.setdefault("token sums", {})):
             outcome = _run(conversation, context, state)
         forget_counts(state, conversation.messages, outcome.tokens_before)
         return outcome

@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from proxy import heavy, parallel, tokenizer_cache
+from proxy.token_sums import Summed, extended_total
 
 log = logging.getLogger("ctxproxy")
 
@@ -125,8 +126,7 @@ def _tiktoken_encoding(name: str) -> Any:
     return encoding
 
 
-# By model, then by message object: id -> (the message, its count). The entry holds the message, so
-# no other live object can have its id: an id found is that very message.
+# By model, then by message object: id -> (the message, its count; holding it, no other has its id).
 Scoped = dict[str, dict[int, tuple[dict[str, Any], int]]]
 _COUNT = operator.itemgetter(1)
 
@@ -141,17 +141,18 @@ class TokenCounter:
         self._scope = threading.local()  # within one request: counts by message identity
 
     @contextmanager
-    def request_scope(self, carried: Scoped | None = None) -> Iterator[None]:
-        """Within it, this thread counts each message object once: a request's layers walk the same
-        history several times, and even a memo hit builds a key over every message. `carried` is the
-        scope of the session's previous request: a resent history is the same objects (wire/resent.py),
-        so its messages are not counted again either."""
-        outer = getattr(self._scope, "counts", None)
+    def request_scope(self, carried: Scoped | None = None,
+                      sums: dict[str, Summed] | None = None) -> Iterator[None]:
+        """Within it, this thread counts each message object once (a request's layers walk the history
+        several times). `carried`: the session's previous request's scope (a resent history is the same
+        objects, wire/resent.py); `sums`: its recent list totals by model (token_sums.py)."""
+        outer, outer_sums = getattr(self._scope, "counts", None), getattr(self._scope, "sums", None)
         self._scope.counts = outer if outer is not None else carried if carried is not None else {}
+        self._scope.sums = outer_sums if outer is not None else sums
         try:
             yield
         finally:
-            self._scope.counts = outer
+            self._scope.counts, self._scope.sums = outer, outer_sums
 
     def _remember(self, key: tuple[str, Any], size: int, count: int) -> None:
         with self._lock:
@@ -215,18 +216,24 @@ class TokenCounter:
         if counts is None:
             return REPLY_PRIMING + sum(self.message(m, model) for m in messages)
         scoped = counts.setdefault(model, {})
+        sums: dict[str, Summed] | None = getattr(self._scope, "sums", None)
+        recent = sums.setdefault(model, []) if sums is not None else []
+        total = extended_total(recent, messages, lambda rest: self._summed(rest, model, scoped))
+        return REPLY_PRIMING + total
+
+    def _summed(self, messages: list[dict[str, Any]], model: str,
+                scoped: dict[int, tuple[dict[str, Any], int]]) -> int:
         try:  # every message counted before in this scope (a request's later walks): one pass, in C
-            return REPLY_PRIMING + sum(map(_COUNT, map(scoped.__getitem__, map(id, messages))))
+            return sum(map(_COUNT, map(scoped.__getitem__, map(id, messages))))
         except KeyError:  # (one is not)
             pass
-        # Messages counted before in this scope (a resent history: nearly all) are summed in C; only
-        # the others are counted one by one.
+        # Those counted before in this scope are summed in C; only the others are counted one by one.
         hits = list(map(scoped.get, map(id, messages)))
         known: Iterable[tuple[dict[str, Any], int]] = filter(None, hits)
         new = list(itertools.compress(messages, map(operator.not_, hits)))
         if len(new) >= PARALLEL_MESSAGES:
             self._count_across_threads(new, model, scoped)
-        return REPLY_PRIMING + sum(map(_COUNT, known)) + sum(self.message(m, model) for m in new)
+        return sum(map(_COUNT, known)) + sum(self.message(m, model) for m in new)
 
     def _count_across_threads(self, new: list[dict[str, Any]], model: str,
                               scoped: dict[int, tuple[dict[str, Any], int]]) -> None:

@@ -1,0 +1,42 @@
+"""A resent history's token total, extended from the previous request's.
+
+An agent resends its whole history with one or two new messages, and the pipeline needs the total of the
+client's messages before anything else. Looking every message up again costs ~0.5 µs each on a slow
+machine (0.6 ms for 1,200 messages) though all but the new ones were summed last time; here a session
+keeps the last few lists it summed (as copies: a list changed later in place cannot make a total wrong)
+with their totals, and a list that starts with one of them, object for object (one pass comparing
+pointers in C), costs that total plus its new messages. Message objects are never edited in place
+(tests/test_invariants.py), so the same objects have the same counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from proxy.wire.resent import same_objects
+
+RECENT = 4  # lists remembered per session and model (the client's history and the forwarded variants)
+MIN_LENGTH = 64  # a shorter list is summed outright (comparing would cost about as much)
+
+Summed = list[tuple[list[dict[str, Any]], int]]  # (a copy of the list, its total), newest first
+
+
+def extended_total(recent: Summed, messages: list[dict[str, Any]],
+                   total_of: Callable[[list[dict[str, Any]]], int]) -> int:
+    """The total of `messages`: a remembered list's total plus `total_of` the messages past it when
+    `messages` starts with it, else `total_of(messages)`. Remembers `messages` and its total."""
+    if len(messages) < MIN_LENGTH:
+        return total_of(messages)
+    found = None
+    for earlier, total in recent:
+        length = len(earlier)
+        if length <= len(messages) and messages[length - 1] is earlier[length - 1] \
+                and same_objects(earlier, messages) >= length:
+            found = total + (total_of(messages[length:]) if length < len(messages) else 0)
+            break
+    if found is None:
+        found = total_of(messages)
+    recent.insert(0, (list(messages), found))
+    del recent[RECENT:]
+    return found
