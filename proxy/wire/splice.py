@@ -74,32 +74,30 @@ def _array_pieces(array: list[Any], spans: Spans, parsed: list[Any]) -> list[byt
     ends = spans.ends
     if len(ends) != len(parsed):
         return None
-    raw = spans.raw
+    raw, opening, size = spans.raw, spans.opening, len(parsed)
     view = memoryview(raw)
     pieces: list[bytes | memoryview] = []
     index_of: dict[int, int] | None = None
     run_start = follows = 0  # the run of parsed elements being copied: parsed[run_start:follows]
-
-    def copy_run() -> None:
-        first = _element_start(raw, spans.opening if run_start == 0 else ends[run_start - 1])
-        pieces.append(view[first:ends[follows - 1]])
-
     for item in array:
-        if follows < len(parsed) and parsed[follows] is item:
+        if follows < size and parsed[follows] is item:
             follows += 1
             continue
-        if follows > run_start:
-            copy_run()
+        if follows > run_start:  # the run so far, from its first byte (past a comma: compact JSON)
+            after = opening if run_start == 0 else ends[run_start - 1]
+            first = after + 1 if raw[after] == 0x2C and raw[after + 1] == 0x7B else _element_start(raw, after)
+            pieces.append(view[first:ends[follows - 1]])
         if index_of is None:  # elsewhere in the parsed array (after what was evicted or replaced)?
             index_of = spans.index_of(parsed)
         at = index_of.get(id(item), -1)
-        if 0 <= at < len(parsed) and parsed[at] is item:
+        if 0 <= at < size and parsed[at] is item:
             run_start, follows = at, at + 1
-        else:  # made by the proxy (a summary, a block): serialized
+        else:  # made by the proxy (a summary, a block): serialized; most likely in place of parsed[follows]
             pieces.append(orjson.dumps(item))
-            run_start = follows = 0
+            run_start = follows = follows + 1
     if follows > run_start:
-        copy_run()
+        after = opening if run_start == 0 else ends[run_start - 1]
+        pieces.append(view[_element_start(raw, after):ends[follows - 1]])
     return [b"[", *_separated(pieces), b"]"]
 
 
