@@ -173,7 +173,9 @@ def summarize_large(messages: list[dict[str, Any]], state: SessionState, store: 
         if out is messages:
             out = list(messages)
         out[index] = replaced(state, messages[index], stored.replacement)
-    if carried is not None and not skip_before:
+    # (kept unless a result was skipped: a floor before the first result, the head of a history no batch
+    # is certain for, skips nothing, and the walk is the one a request with no floor makes)
+    if carried is not None and (not found or found[0][0] >= skip_before):
         applied = {id(w) for w in apply}
         carried["layer1"] = (messages, out, state.recorded, settings,
                              [w for w in waiting if id(w) not in applied])

@@ -169,3 +169,32 @@ def test_a_summary_masked_later_is_not_carried_as_a_summary() -> None:
         store.record(state, "c0", log, "run", "[masked c0]", tool_results.PLACEHOLDER)
     second = layer_one([*history, {"role": "user", "content": "and now?"}])
     assert second[3]["content"] == "[masked c0]"
+
+
+def test_a_session_no_batch_is_certain_for_carries_layer_ones_walk() -> None:
+    """A history over the window's budget until layer 1 summarizes it (no cut yet): the pipeline asks
+    where a first batch would certainly cut and gets the head (none is certain). Such a request skips no
+    result, so its walk is carried like any other: the next request looks up only the result it adds (it
+    looked up every result again before)."""
+    history: list[dict[str, Any]] = [{"role": "system", "content": "you are an agent"},
+                                     {"role": "user", "content": "fix the parser"}]
+    log = "\n".join(f"INFO worker {k % 3} processed ok" for k in range(150))
+    for n in range(30):
+        call = {"id": f"call_{n}", "type": "function", "function": {"name": "run", "arguments": "{}"}}
+        history += [{"role": "assistant", "content": f"step {n}", "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": f"call_{n}", "content": f"{log}\nid {n}"}]
+    prefixes = [history[:end] for end in (40, 42, 44)]  # resent: the very objects, one result more each
+    loaded = LoadedPolicy("t", Policy.model_validate({"tool_results": {"threshold_tokens": 120},
+                                                      "budget": {"max_input_tokens": 16_000}}), None)
+    store, tokens = StateStore(), TokenCounter()
+    looked_up: list[int] = []
+    lookup = tool_results.SessionState.lookup
+    with mock.patch.object(tool_results.SessionState, "lookup", autospec=True,
+                           side_effect=lambda *args: looked_up.append(1) or lookup(*args)):
+        for prefix in prefixes:
+            looked_up.clear()
+            context = pipeline.PipelineContext(loaded, Session("s1", "header"), "tenant-a", tokens, store)
+            outcome = pipeline.run(pipeline.Conversation("gpt-4o", prefix, CLIENT_TOOLS), context)
+    assert store.get("tenant-a", "s1").window.cut is None and outcome.decided  # no cut; summaries made
+    assert outcome.tokens_before > 16_000 * 0.8  # (over the budget before layer 1)
+    assert len(looked_up) <= 3  # the new result (looked up, recorded, applied), not the 21 before it
