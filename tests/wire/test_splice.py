@@ -7,6 +7,7 @@ import json
 import random
 from typing import Any
 
+import httpx
 import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -262,3 +263,36 @@ def test_an_earlier_bodys_element_is_never_taken_for_this_ones() -> None:
                                            {"role": "user", "content": "new 3"}]
     index = carried.index_of(now)  # carried over (the earlier body's entries are still in it), and right
     assert index[id(earlier[3])] == 3 and all(index[id(m)] == place for place, m in enumerate(now))
+
+
+def test_through_the_server_the_messages_left_alone_go_upstream_as_the_sdk_sent_them(proxy, fake_upstream):
+    """The real server and the official SDK: a long session whose tool result layer 1 summarizes; the
+    next turn's forwarded body holds the SDK's own bytes for the messages after it — an integer past 64
+    bits in one of them included, which a parse and re-serialization would have made a float."""
+    sent: list[bytes] = []
+    http = httpx.Client(event_hooks={"request": [lambda request: sent.append(request.read())]})
+    client = proxy.client(http_client=http, default_headers={"x-ctxproxy-session": "spliced"})
+    log = "\n".join(f"12:00:{k % 60:02d} INFO worker {k % 3} processed batch {k}" for k in range(400))
+    call = {"id": "call_1", "type": "function", "function": {"name": "run", "arguments": "{}"}}
+    history: list[dict[str, Any]] = [
+        {"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "Fix the parser."},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": log}]
+    for n in range(40):
+        history += [{"role": "assistant", "content": f"Looked at part {n}. " + "détail " * 250},
+                    {"role": "user", "content": f"Go on with part {n + 1}."}]
+    history[30]["x_trace_ref"] = 2**70  # (an unknown field: passed through untouched)
+    for turn in range(2):
+        answer = client.chat.completions.create(model="gpt-4o", messages=history)
+        history += [{"role": "assistant", "content": answer.choices[0].message.content},
+                    {"role": "user", "content": f"And turn {turn}?"}]
+    client.chat.completions.create(model="gpt-4o", messages=history)
+
+    forwarded = fake_upstream.chat_requests[-1]
+    messages = forwarded.json()["messages"]
+    result = next(m for m in messages if m.get("tool_call_id") == "call_1")
+    assert result["content"].startswith("[ctxproxy summary of tool result call_id=call_1")
+    located = spans_of(sent[-1], len(history))
+    as_sent = sent[-1][located.ends[3]:located.ends[60]].lstrip(b" \n,")  # 57 messages after the result
+    assert str(2**70).encode() in as_sent and as_sent in forwarded.body
+    assert messages[-1] == history[-1] and len(sent[-1]) > 64 * 1024
