@@ -55,8 +55,9 @@ class Spans:
 
 def spliced_body(body: dict[str, Any], key: str, array: list[Any], spans: Spans | None,
                  parsed: list[Any]) -> bytes:
-    """`orjson.dumps(body)` with `array` under `key` (`key` already in `body`, so its place is kept), the
-    elements of `parsed` (located by `spans`) that `array` holds copied from the client's bytes."""
+    """What `orjson.dumps({**body, key: array})` says (`key` already in `body`: its place is kept), with
+    the elements of `parsed` (located by `spans`) that `array` holds copied from the client's bytes: the
+    same JSON, and the same bytes where the client writes compact JSON as orjson does."""
     pieces = _array_pieces(array, spans, parsed) if spans is not None else None
     if pieces is None:
         return orjson.dumps({**body, key: array})
@@ -108,6 +109,7 @@ def _separated(pieces: list[bytes | memoryview]) -> list[bytes | memoryview]:
 
 
 def _element_start(raw: bytes, after: int) -> int:
-    """Where the element after offset `after` (its `[` or the previous element's end) begins."""
+    """Where the element after offset `after` (just past the array's `[`, or the previous element's end)
+    begins: past any whitespace and the comma."""
     separators = _SEPARATORS.match(raw, after)
     return separators.end() if separators is not None else after
