@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import orjson
 from hypothesis import strategies as st
 
 WORDS = ["error", "build", "test", "ok", "path/to/file.py", "ord_123", "42", "warning", "done", "value",
@@ -13,6 +15,20 @@ line = st.lists(st.sampled_from(WORDS), min_size=1, max_size=12).map(" ".join)
 text = st.lists(line, min_size=1, max_size=6).map("\n".join)
 big_text = st.lists(line, min_size=30, max_size=200).map("\n".join)
 tool_output = st.one_of(text, text, big_text)
+
+# How clients write JSON: compact as orjson, Python's default separators, indented, ASCII-escaped.
+json_styles = st.sampled_from(["orjson", "python", "indent", "ascii"])
+
+
+def dump_styled(value: Any, style: str) -> bytes:
+    if style == "orjson":
+        return orjson.dumps(value)
+    if style == "python":
+        return json.dumps(value, ensure_ascii=False).encode()  # ", " and ": " separators
+    if style == "indent":
+        return json.dumps(value, indent=2, ensure_ascii=False).encode()
+    return json.dumps(value).encode()  # \\uXXXX escapes
+
 
 CLIENT_TOOLS = [
     {"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}},

@@ -240,7 +240,7 @@ class Encoder:
             # A rewrite the provider would reject is our bug: the client's request goes instead.
             log.error("Messages rewrite broke the request (%s); forwarding it unchanged", "; ".join(broken))
             return self.raw or orjson.dumps(self.body)  # (the app sees the raw bytes: a fallback)
-        return spliced_body(out, "messages", messages, self.spans, self.body["messages"])  # (copies the same)
+        return spliced_body(out, "messages", messages, self.spans, self.body["messages"])  # (kept: as sent)
 
     def _blocks(self, sent: Message, client: Message,
                 origin: Origin | None) -> tuple[str, list[dict[str, Any]], dict[str, Any] | None]:

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from proxy.wire import resent
 from proxy.wire.resent import ResentBodies, layout_of
+from tests.strategies import dump_styled as dump
+from tests.strategies import json_styles as styles
 
 # Strings that would confuse a careless scanner: quotes, escapes, brackets, non-ASCII, a fake key.
 tricky_text = st.lists(st.sampled_from([*'ab "\\{}[]:,\n\té€😀', '"messages":[']), max_size=20).map("".join)
@@ -19,17 +21,6 @@ message = st.fixed_dictionaries(
     {"role": st.sampled_from(["user", "assistant", "tool"]), "content": tricky_text},
     optional={"name": tricky_text, "extra": st.lists(st.dictionaries(tricky_text, tricky_text, max_size=2),
                                                        max_size=2)})
-styles = st.sampled_from(["orjson", "python", "indent", "ascii"])
-
-
-def dump(value: Any, style: str) -> bytes:
-    if style == "orjson":
-        return orjson.dumps(value)
-    if style == "python":
-        return json.dumps(value, ensure_ascii=False).encode()  # ", " and ": " separators
-    if style == "indent":
-        return json.dumps(value, indent=2, ensure_ascii=False).encode()
-    return json.dumps(value).encode()  # \\uXXXX escapes
 
 
 def body(messages: list[dict[str, Any]], style: str, before: dict[str, Any], after: dict[str, Any]) -> bytes:

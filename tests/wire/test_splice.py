@@ -20,6 +20,8 @@ from proxy.wire.resent import ResentBodies, layout_of
 from proxy.wire.responses import Encoder as ResponsesEncoder
 from proxy.wire.responses_check import validate_responses_request
 from proxy.wire.splice import Spans, spliced_body
+from tests.strategies import dump_styled as dump
+from tests.strategies import json_styles as styles
 
 tricky_text = st.lists(st.sampled_from([*'ab "\\{}[]:,\n\té€😀', '"messages":[', "\x00ctxproxy"]),
                        max_size=20).map("".join)
@@ -27,21 +29,10 @@ message = st.fixed_dictionaries(
     {"role": st.sampled_from(["user", "assistant", "tool"]), "content": tricky_text},
     optional={"n": st.integers(min_value=-(2**63), max_value=2**64 - 1),
               "extra": st.lists(tricky_text, max_size=2)})
-styles = st.sampled_from(["orjson", "python", "indent", "ascii"])
 
 
-def dump(value: Any, style: str) -> bytes:
-    if style == "orjson":
-        return orjson.dumps(value)
-    if style == "python":
-        return json.dumps(value, ensure_ascii=False).encode()  # ", " and ": " separators
-    if style == "indent":
-        return json.dumps(value, indent=2, ensure_ascii=False).encode()
-    return json.dumps(value).encode()  # \\uXXXX escapes
-
-
-def spans_of(raw: bytes, count: int) -> Spans:
-    layout = layout_of(raw, "messages", count)
+def spans_of(raw: bytes, count: int, key: str = "messages") -> Spans:
+    layout = layout_of(raw, key, count)
     assert layout is not None
     return Spans(raw, layout.opening, layout.ends)
 
@@ -202,15 +193,10 @@ def test_the_responses_codec_copies_a_resent_history() -> None:
 
     assert orjson.loads(out) == orjson.loads(whole.encode(forwarded, original, None))
     assert b'"[summary]"' in out
-    located = spans_of_key(raw, "input", len(body["input"]))
+    located = spans_of(raw, len(body["input"]), "input")
     as_sent = raw[located.ends[-10]:located.ends[-1]].lstrip(b" \n,")  # the last items, as sent
     assert b"\n      " in as_sent and as_sent in out
 
-
-def spans_of_key(raw: bytes, key: str, count: int) -> Spans:
-    layout = layout_of(raw, key, count)
-    assert layout is not None
-    return Spans(raw, layout.opening, layout.ends)
 
 
 @settings(max_examples=40, deadline=None)
