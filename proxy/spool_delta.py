@@ -21,7 +21,7 @@ from typing import Any
 from proxy.archive_codec import dumps
 from proxy.archive_items import ExchangeRecord, decode_item, encode_item, unknown_kind
 from proxy.spool import Spool
-from proxy.wire.resent import same_objects
+from proxy.wire.resent import same_objects, starts_with
 
 MAX_SESSIONS = 4096  # sessions whose last spooled record is remembered as a base
 MIN_SHARED = 8  # fewer shared messages than this: spooled whole (not worth a reference)
@@ -43,6 +43,8 @@ def shared(earlier: list[Any], later: list[Any], equal_tries: int = MAX_EQUAL_TR
     """How many leading elements of `later` are the very objects of `earlier`, or (at most `equal_tries`
     of them) other objects that serialize to the same bytes: the blocks the pipeline injects are made
     anew every request, so the forwarded list would otherwise share only what precedes the first."""
+    if starts_with(later, earlier):
+        return len(earlier)  # (the client's history resent: one quicker pass)
     size, at = min(len(earlier), len(later)), 0
     while True:
         at = same_objects(earlier, later, at)

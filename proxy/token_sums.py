@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from proxy.wire.resent import same_objects
+from proxy.wire.resent import starts_with
 
 RECENT = 4  # lists remembered per session and model (the client's history and the forwarded variants)
 MIN_LENGTH = 64  # a shorter list is summed outright (comparing would cost about as much)
@@ -32,7 +32,7 @@ def extended_total(recent: Summed, messages: list[dict[str, Any]],
     for earlier, total in recent:
         length = len(earlier)
         if length <= len(messages) and messages[length - 1] is earlier[length - 1] \
-                and same_objects(earlier, messages) >= length:
+                and starts_with(messages, earlier):
             found = total + (total_of(messages[length:]) if length < len(messages) else 0)
             break
     if found is None:

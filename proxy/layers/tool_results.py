@@ -15,7 +15,7 @@ from proxy import heavy
 from proxy.layers.observations import Observations, handle_for, task_end
 from proxy.state import SessionState, StateStore
 from proxy.summarize import gist, summarize
-from proxy.wire.resent import same_objects
+from proxy.wire.resent import same_objects, starts_with
 
 SUMMARY = "summary"
 PLACEHOLDER = "placeholder"
@@ -87,7 +87,7 @@ def found_in(messages: list[dict[str, Any]], observations: Observations | None,
         if previous is messages and seen_observations is observations:
             return found
         if seen_observations is observations and seen_first_free == first_free:
-            shared = same_objects(previous, messages)
+            shared = len(previous) if starts_with(messages, previous) else same_objects(previous, messages)
             found = found[:bisect.bisect_left(found, shared, key=operator.itemgetter(0))]
     if not shared:
         found = []

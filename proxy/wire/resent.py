@@ -315,6 +315,13 @@ def same_objects(earlier: list[Any], later: list[Any], start: int = 0) -> int:
     return next(itertools.compress(itertools.count(start), differing), min(len(earlier), len(later)))
 
 
+def starts_with(later: list[Any], earlier: list[Any]) -> bool:
+    """Whether `later` holds all of `earlier`'s very objects first: the common case of a resent history,
+    told in about half the time `same_objects` takes to say where two lists part (no position kept)."""
+    length = len(earlier)
+    return length <= len(later) and not any(map(operator.is_not, earlier, later[:length]))
+
+
 def parsed(raw: bytes, key: str, loads: Callable[[bytes], Any]) -> tuple[Any, int, Resent | None]:
     """(body, leading `key` elements checked in an earlier request, what to hand `remember_checked`):
     a resent history past what is new, else `loads(raw)` whole."""
