@@ -59,6 +59,7 @@ def slide_window(original: list[dict[str, Any]], forwarded: list[dict[str, Any]]
     block = state.window.block_tokens if state.window.block else 0
     total = fixed + block + tokens.messages([forwarded[i] for i in view], model) - REPLY_PRIMING
     batch_above = early if breaking else None
+    kept: int | None = total  # (what choose_cut would sum again for the cut at hand, until masked)
     if total > (batch_above or budget_tokens) and policy.tool_results.enabled:
         start = max(cut or 0, window.head_end(original), doomed)  # what the cut removes needs no mask
         savings = maskable(original, forwarded, state, count, keep_recent, start=start,
@@ -70,7 +71,7 @@ def slide_window(original: list[dict[str, Any]], forwarded: list[dict[str, Any]]
                                       keep_recent, start=start, observations=observations)
             if masked < total:  # a break: masking all (target 0) means evicting to the low-water mark too
                 batch_above = low_water if target == 0 else early
-            total = masked
+            total, kept = masked, None
 
     calls = functools.cache(lambda: calls_by_id(original))  # (once per batch, and only if needed)
 
@@ -81,7 +82,7 @@ def slide_window(original: list[dict[str, Any]], forwarded: list[dict[str, Any]]
         original, forwarded, state, count, lambda t: tokens.text(t, model),
         budget_tokens=budget_tokens, low_water_tokens=low_water, summary_tokens=summary_tokens,
         summary=policy.summary.enabled, fixed_tokens=fixed, now=context.now(), observed=observed,
-        keep_from=keep_from, keep=keep, limit_tokens=limit, batch_above=batch_above)
+        keep_from=keep_from, keep=keep, limit_tokens=limit, batch_above=batch_above, kept_tokens=kept)
     if evicted:
         context.store.save_window(state)
     return original, forwarded, evicted

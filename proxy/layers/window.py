@@ -98,7 +98,7 @@ def anchor_for(messages: list[dict[str, Any]], head: int, cut: int,
 def choose_cut(messages: list[dict[str, Any]], count: Count, previous_cut: int | None, fixed_tokens: int,
                budget_tokens: int, low_water_tokens: int, observed: Indexes = frozenset(),
                keep_from: int | None = None, limit_tokens: int | None = None,
-               batch_above: int | None = None) -> Eviction:
+               batch_above: int | None = None, kept_tokens: int | None = None) -> Eviction:
     """Keep the previous cut while the history fits; else evict one batch down to the low-water mark.
 
     Whole exchanges go first. Only if the exchange in progress alone is still over the budget (long
@@ -107,17 +107,20 @@ def choose_cut(messages: list[dict[str, Any]], count: Count, previous_cut: int |
     `keep_from` on (the turns holding the newest results) is evicted. A batch that would free little is
     not made while the history is under `limit_tokens` (where the budget gate starts pruning).
     `batch_above`: the cache breaks in this request anyway, so a batch is made from this level on (and
-    however little it frees).
+    however little it frees). `kept_tokens`: what is forwarded under the previous cut (`fixed_tokens` and
+    the `kept_view` messages), when the caller has summed it already.
     """
     head = head_end(messages)
     cut = previous_cut if previous_cut is not None and head <= previous_cut <= len(messages) else head
-    base = fixed_tokens + sum(map(count, messages[:head]))
 
     def anchored(at: int) -> int:
         anchor = anchor_for(messages, head, at, observed)
         return count(messages[anchor]) if anchor is not None else 0
 
     trigger = budget_tokens if batch_above is None else min(batch_above, budget_tokens)
+    if kept_tokens is not None and kept_tokens <= trigger:  # (most requests: the caller's sum, no walk)
+        return Eviction(head, cut, cut)
+    base = fixed_tokens + sum(map(count, messages[:head]))
     kept = before = base + sum(map(count, messages[cut:])) + anchored(cut)
     if kept <= trigger:  # (every request between batches: one sum, no table)
         return Eviction(head, cut, cut)
@@ -127,14 +130,14 @@ def choose_cut(messages: list[dict[str, Any]], count: Count, previous_cut: int |
     for index in range(len(messages) - 1, cut - 1, -1):
         suffix[index] = suffix[index + 1] + count(messages[index])
 
-    def kept_tokens(at: int) -> int:
+    def kept_at(at: int) -> int:
         return base + suffix[at] + anchored(at)
     protect_from = in_progress_start(messages, head, observed)
     limit = len(messages) if keep_from is None else keep_from
     protect_from = min(protect_from, limit)
     best = cut
     for candidate in [c for c in valid_cuts(messages, cut, protect_from) if cut < c <= protect_from]:
-        best, kept = candidate, kept_tokens(candidate)
+        best, kept = candidate, kept_at(candidate)
         if kept <= low_water_tokens:
             return Eviction(head, best, cut)
     # Still over: older turns of the exchange in progress go too (its user message stays); the newest
@@ -144,7 +147,7 @@ def choose_cut(messages: list[dict[str, Any]], count: Count, previous_cut: int |
         if kept <= allowed:
             break
         for candidate in [c for c in valid_cuts(messages, best, last_turn) if best < c <= last_turn]:
-            best, kept = candidate, kept_tokens(candidate)
+            best, kept = candidate, kept_at(candidate)
             if kept <= low_water_tokens:
                 break
     if batch_above is None and before <= (limit_tokens or budget_tokens) \
@@ -249,19 +252,20 @@ def slide(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state
           summary_tokens: int, summary: bool, fixed_tokens: int, now: float,
           observed: Indexes = frozenset(), keep_from: int | None = None,
           keep: Keep | None = None, limit_tokens: int | None = None, batch_above: int | None = None,
-          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Evicted]]:
+          kept_tokens: int | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Evicted]]:
     """Apply the sticky cut (evicting a new batch if needed) to both index-aligned lists.
 
     Returns the new (original, forwarded) lists, aligned, and what this request newly evicted. The
     auto-summary block is rendered into the session state (when `summary`); assembly places it. `keep`
     stores what a new batch evicts so it can be read back, and names its handles in the headlines.
+    `kept_tokens`: what `forwarded` costs under the session's cut (choose_cut), when the caller has it.
     """
     window = state.window
     previous = sticky_cut(original, state, count_text, now)
     block_tokens = window.block_tokens if window.block else 0
     eviction = choose_cut(forwarded, count, previous, fixed_tokens + block_tokens, budget_tokens,
                           max(0, low_water_tokens - summary_tokens), observed, keep_from, limit_tokens,
-                          batch_above)
+                          batch_above, kept_tokens=kept_tokens)
     evicted_now: list[Evicted] = []
     if eviction.cut > eviction.new_from:
         spans = exchanges(original, eviction.new_from, eviction.cut, observed)

@@ -12,13 +12,14 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from proxy import pipeline, window_step
+from proxy.errors import ContextLengthExceeded
 from proxy.layers import auto_summary, tool_results, window
 from proxy.layers.observations import for_policy
 from proxy.policy import LoadedPolicy, Policy
 from proxy.session import Session
 from proxy.state import StateStore
 from proxy.tokens import TokenCounter
-from tests.strategies import CLIENT_TOOLS, long_conversation
+from tests.strategies import CLIENT_TOOLS, long_conversation, request_prefixes
 
 TOKENS = TokenCounter()
 MODEL = "gpt-4o"
@@ -178,3 +179,41 @@ def test_the_first_batch_floor_at_the_edge_of_the_budget() -> None:
         plain = reference_floor(messages, results, over, low_water, layer1.keep_recent)
         assert fast == plain
         assert (fast == window.head_end(messages)) == (over >= rest)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.data_too_large])
+@given(messages=long_conversation(), window_tokens=st.sampled_from([1000, 2000, 4000, 8000]),
+       masking=st.booleans())
+def test_the_kept_total_handed_to_the_cut_choice_is_the_one_it_would_sum(
+        messages: list[dict[str, Any]], window_tokens: int, masking: bool) -> None:
+    """A session turn by turn: wherever the window hands choose_cut its own total of what the cut keeps,
+    that total is exact (the fixed tokens and every kept_view message) and the cut is the one choose_cut
+    chooses summing for itself."""
+    # (layer 1 off: a batch is never masking first, so the totals handed over reach every batch)
+    loaded = LoadedPolicy("t", Policy.model_validate({
+        "tool_results": {"threshold_tokens": 120, "enabled": masking},
+        "budget": {"max_input_tokens": window_tokens}}), None)
+    context = pipeline.PipelineContext(loaded, Session("s1", "header"), "tenant-a", TOKENS, StateStore(),
+                                       now=clock)
+    choose_cut, hinted = window.choose_cut, []
+
+    def checked(messages: list[dict[str, Any]], count: Any, previous: int | None, fixed: int, *args: Any,
+                kept_tokens: int | None = None) -> window.Eviction:
+        chosen = choose_cut(messages, count, previous, fixed, *args, kept_tokens=kept_tokens)
+        if kept_tokens is not None:
+            observed = args[2]  # (after the budget and the low-water mark)
+            view = window.kept_view(messages, previous, observed)
+            assert kept_tokens == fixed + sum(count(messages[i]) for i in view)
+            assert chosen == choose_cut(messages, count, previous, fixed, *args)
+            hinted.append(chosen.cut > chosen.new_from)
+        return chosen
+
+    with mock.patch.object(window, "choose_cut", checked):
+        for request in request_prefixes(messages):
+            try:
+                pipeline.run(pipeline.Conversation(MODEL, request, CLIENT_TOOLS), context)
+            except ContextLengthExceeded:  # a refusal: the session goes on with its next request
+                continue
+    event(f"hinted, batches among them: {'some' if any(hinted) else 'none'}")
+    assert hinted or len(request_prefixes(messages)) < 2
