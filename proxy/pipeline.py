@@ -173,6 +173,7 @@ def _run(conversation: Conversation, context: PipelineContext, state: SessionSta
     if policy.working_memory.enabled:
         observe_entities(conversation.messages, state, context)
     blocks = assemble_blocks(original, state, context, model)
+    kept = messages
     # (the task ends where it ended before the window: an anchor kept after it is not part of it)
     system_end, task_end = window.leading_system(original), window.head_end(conversation.messages)
     original, messages = (place(original, blocks, system_end, task_end),
@@ -180,12 +181,15 @@ def _run(conversation: Conversation, context: PipelineContext, state: SessionSta
     state.injected_tokens = sum(v for k, v in blocks.tokens.items() if k != "summary")
     tools = _tools_for(conversation.tools, state, policy, can_offer_tools)
     unchanged = messages is conversation.messages and tools is conversation.tools
-    total = before if unchanged else tokens.request(messages, tools, model)  # (a walk over the history)
+    # The kept messages and the blocks summed apart: the blocks are new objects every request, the kept
+    # ones the very list the window's walk summed (its total carried).
+    total = before if unchanged else \
+        tokens.request(kept, tools, model) + sum(map(count, [*blocks.head, *blocks.task, *blocks.tail]))
 
     with telemetry.span("ctxproxy.budget"):
         result = budget.check(original, messages, policy, model, state, context.store, count, total)
     offered = _tools_for(conversation.tools, state, policy, can_offer_tools)
-    total = result.tokens if offered is tools else tokens.request(result.messages, offered, model)
+    total = result.tokens if offered == tools else tokens.request(result.messages, offered, model)
     tools = offered
     if result.gate == budget.REFUSE or (policy.budget.enabled and result.window and
                                         budget.padded(total, policy.budget.pad_pct) >= result.window):

@@ -152,6 +152,32 @@ def test_tokens_never_go_up_and_pass_means_within_budget(messages, window):
 
 
 @SETTINGS
+@given(messages=conversation(), window=st.sampled_from([1500, 4000, 128_000]), resent=st.booleans(),
+       sliding=st.booleans())
+def test_the_token_totals_are_those_of_what_is_sent(messages, window, resent, sliding):
+    """`tokens_before`/`tokens_after` (the x-ctxproxy-tokens-* headers, the gate's input) are the exact
+    totals of the client's request and of what is forwarded, however they were carried or summed in
+    parts — with each request parsed anew, and resent as the very objects of the previous one."""
+    store, session = StateStore(), Session("s1", "header")
+    # (working memory on every request: a block at the tail; without the window, the gate's pruning is
+    # what offers our tools first, after the forwarded list was summed)
+    loaded = make_policy(window, sliding=sliding)
+    loaded = LoadedPolicy("prop", loaded.policy.model_copy(update={
+        "working_memory": loaded.policy.working_memory.model_copy(update={"inject": "always"})}), None)
+    messages = [{**m, "content": orjson.dumps({"order_id": f"ord_{n}", "name": "order", "log": m["content"]})
+                 .decode()} if m["role"] == "tool" else m for n, m in enumerate(messages)]  # (entities)
+    for prefix in request_prefixes(messages):
+        sent = prefix if resent else copy.deepcopy(prefix)
+        context = pipeline.PipelineContext(loaded, session, "tenant-a", TOKENS, store, now=CLOCK)
+        try:
+            outcome = pipeline.run(pipeline.Conversation(MODEL, sent, CLIENT_TOOLS), context)
+        except ContextLengthExceeded:
+            continue
+        assert outcome.tokens_before == TOKENS.request(prefix, CLIENT_TOOLS, MODEL)
+        assert outcome.tokens_after == TOKENS.request(outcome.messages, outcome.tools, MODEL)
+
+
+@SETTINGS
 @given(messages=conversation(), window=st.sampled_from([1500, 4000, 128_000]))
 def test_nothing_is_lost_every_replacement_reads_back_byte_identical(messages, window):
     results, store = replay(messages, make_policy(window))
