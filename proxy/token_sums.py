@@ -28,14 +28,16 @@ def extended_total(recent: Summed, messages: list[dict[str, Any]],
     `messages` starts with it, else `total_of(messages)`. Remembers `messages` and its total."""
     if len(messages) < MIN_LENGTH:
         return total_of(messages)
-    found = None
-    for earlier, total in recent:
+    for place, (earlier, total) in enumerate(recent):
         length = len(earlier)
         if length <= len(messages) and messages[length - 1] is earlier[length - 1] \
                 and starts_with(messages, earlier):
-            found = total + (total_of(messages[length:]) if length < len(messages) else 0)
+            if length == len(messages):  # the very list again (asked for by another step): to the front
+                recent.insert(0, recent.pop(place))
+                return total
+            found = total + total_of(messages[length:])
             break
-    if found is None:
+    else:
         found = total_of(messages)
     recent.insert(0, (list(messages), found))
     del recent[RECENT:]

@@ -125,9 +125,12 @@ def first_batch_floor(original: list[dict[str, Any]], observations: Observations
     total = context.tokens.messages(original, model)  # (summed in C)
     if total <= over:
         return 0
-    return window.first_batch_floor(original, found_in(original, observations, state.walks),
-                                    context.tokens.counter(model), over, low_water,
-                                    context.policy.policy.tool_results.keep_recent, total - REPLY_PRIMING)
+    found = found_in(original, observations, state.walks)
+    # (the results' total carried too: a resent history adds its new results to the last request's)
+    results = context.tokens.messages([original[index] for index, _ in found], model)
+    return window.first_batch_floor(original, found, context.tokens.counter(model), over, low_water,
+                                    context.policy.policy.tool_results.keep_recent, total - REPLY_PRIMING,
+                                    results - REPLY_PRIMING)
 
 
 def keep_evicted(start: int, stop: int, found: list[Found],

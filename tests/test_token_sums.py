@@ -70,6 +70,28 @@ def test_a_resent_history_sums_only_what_is_new() -> None:
     assert asked[-1] == len(short)  # (a short list is summed outright)
 
 
+def test_the_same_list_asked_for_again_keeps_the_others_remembered() -> None:
+    """A request asks for one list's total from several steps: asked again, that list moves to the front
+    instead of taking another place, so the session's other lists stay remembered."""
+    asked: list[int] = []
+
+    def spy(messages: list[Message]) -> int:
+        asked.append(len(messages))
+        return total_of(messages)
+
+    pool = [{"content": f"m{n}"} for n in range(600)]
+    lists = [pool[k * 100:k * 100 + 80] for k in range(token_sums.RECENT)]
+    recent: Summed = []
+    for listed in lists:
+        extended_total(recent, listed, spy)
+    for _ in range(token_sums.RECENT):
+        assert extended_total(recent, lists[-1], spy) == total_of(lists[-1])
+    asked.clear()
+    first = lists[0] + pool[80:82]
+    assert extended_total(recent, first, spy) == total_of(first)
+    assert asked == [2]  # the oldest list is still remembered: only its two new messages summed
+
+
 def test_the_counter_carries_a_sessions_totals_across_requests() -> None:
     """Through TokenCounter.messages as the pipeline calls it: a scope per request, the session's counts
     and sums carried; a resent history's total is what counting it afresh gives."""

@@ -160,19 +160,21 @@ def choose_cut(messages: list[dict[str, Any]], count: Count, previous_cut: int |
 
 def first_batch_floor(messages: list[dict[str, Any]], found: list[tuple[int, Any]], count: Count,
                       over_tokens: int, low_water_tokens: int, keep_recent: int,
-                      total: int | None = None) -> int:
+                      total: int | None = None, results_total: int | None = None) -> int:
     """Where a first batch (no cut yet) certainly cuts at least, or the head when it may not cut at all.
 
     Counting every result at nothing (whatever layer 1 or masking would make of it, it is at least that)
     and everything else exactly: when even that is over `over_tokens` (the budget, and where the gate
     prunes), a batch is certain, and it passes every cut where the rest is still above the low-water
     mark. So the messages before that need no summary and no placeholder: they leave in this request.
-    `total`: the messages' counts summed, when the caller has it."""
+    `total`, `results_total`: the messages' counts summed, and the results', when the caller has them."""
     head = head_end(messages)
     # The common case first, two sums: no batch is certain (every request of a history that is over the
     # budget only until layer 1 has summarized it).
     whole = total if total is not None else sum(map(count, messages))
-    if whole - sum(count(messages[index]) for index, _ in found) <= over_tokens:
+    if results_total is None:
+        results_total = sum(count(messages[index]) for index, _ in found)
+    if whole - results_total <= over_tokens:
         return head
     results = {index for index, _ in found}
     least = [0 if index in results else count(message) for index, message in enumerate(messages)]
