@@ -15,7 +15,7 @@ from proxy import budget, telemetry
 from proxy.internal_tools import with_internal_tools
 from proxy.layers import window
 from proxy.layers.observations import Observations
-from proxy.layers.tool_results import EVICTED, Found, calls_by_id, found_in, maskable, prune
+from proxy.layers.tool_results import EVICTED, Found, calls_by_id, found_in, maskable, observed_in, prune
 from proxy.layers.window import Evicted
 from proxy.policy import Policy
 from proxy.state import SessionState, StateStore
@@ -49,7 +49,7 @@ def slide_window(original: list[dict[str, Any]], forwarded: list[dict[str, Any]]
     count = tokens.counter(model)
 
     found = found_in(original, observations, state.walks)
-    observed = frozenset(i for i, _ in found if original[i].get("role") == "user")
+    observed = observed_in(original, found, state.walks)
     keep_recent = policy.tool_results.keep_recent
     newest = found[-keep_recent:] if keep_recent else []
     keep_from = window.turn_start(original, newest[0][0]) if newest else None

@@ -97,6 +97,23 @@ def found_in(messages: list[dict[str, Any]], observations: Observations | None,
     return found
 
 
+def observed_in(messages: list[dict[str, Any]], found: list[Found],
+                carried: dict[str, Any]) -> frozenset[int]:
+    """Where the observations are (results a text-protocol agent sends as user messages), carried per
+    session like `found` itself: a list that starts with the previous request's entries (the very tuples,
+    which found_in keeps only for the same message objects) adds only its new ones."""
+    def among(entries: list[Found]) -> frozenset[int]:
+        return frozenset(index for index, _ in entries if messages[index].get("role") == "user")
+    memo = carried.get("observed")
+    if memo is not None and starts_with(found, memo[0]):
+        earlier, observed = memo
+        observed = observed | among(found[len(earlier):]) if len(found) > len(earlier) else observed
+    else:
+        observed = among(found)
+    carried["observed"] = (found, observed)
+    return observed
+
+
 def calls_by_id(messages: list[dict[str, Any]]) -> dict[str, tuple[str, str | None]]:
     """call id -> (tool name, JSON arguments) of every assistant tool call."""
     found: dict[str, tuple[str, str | None]] = {}

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from proxy import pipeline
 from proxy.layers import tool_results
 from proxy.layers.observations import Observations
-from proxy.layers.tool_results import found_in, results
+from proxy.layers.tool_results import found_in, observed_in, results
 from proxy.policy import LoadedPolicy, Policy
 from proxy.session import Session
 from proxy.state import StateStore
@@ -55,7 +55,9 @@ def test_a_carried_walk_finds_what_a_whole_walk_finds(steps: list[tuple[int, lis
     for keep, added in steps:
         history = history[:keep] + [message(kind, n) for kind, n in added]
         assert found_in(history, observations, carried) == list(results(history, observations))
-        assert found_in(history, observations, carried) is carried["results"][3]  # the same list again
+        found = found_in(history, observations, carried)
+        assert found is carried["results"][3]  # the same list again
+        assert observed_in(history, found, carried) == {i for i, _ in found if history[i]["role"] == "user"}
 
 
 def test_the_walk_starts_where_the_history_differs() -> None:
