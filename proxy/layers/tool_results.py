@@ -114,6 +114,24 @@ def observed_in(messages: list[dict[str, Any]], found: list[Found],
     return observed
 
 
+def calls_in(messages: list[dict[str, Any]],
+             carried: dict[str, Any] | None) -> dict[str, tuple[str, str | None]]:
+    """`calls_by_id`, remembered in `carried` (a session's): a history that starts with the very messages
+    it was last built from adds only the calls past them (a result's tool is looked up on the turns that
+    summarize new output, which would otherwise walk the whole history for one name)."""
+    if carried is None:
+        return calls_by_id(messages)
+    memo = carried.get("calls")
+    if memo is not None and starts_with(messages, memo[0]):
+        earlier, calls = memo
+        if len(messages) > len(earlier):
+            calls = {**calls, **calls_by_id(messages[len(earlier):])}  # (a copy: later calls win, as there)
+    else:
+        calls = calls_by_id(messages)
+    carried["calls"] = (list(messages), calls)  # (a copy: a list changed in place later cannot mislead)
+    return calls
+
+
 def calls_by_id(messages: list[dict[str, Any]]) -> dict[str, tuple[str, str | None]]:
     """call id -> (tool name, JSON arguments) of every assistant tool call."""
     found: dict[str, tuple[str, str | None]] = {}
@@ -160,7 +178,7 @@ def summarize_large(messages: list[dict[str, Any]], state: SessionState, store: 
             message = messages[index]
             if index < skip_before or not enabled or key in state.kept or count(message) <= threshold_tokens:
                 continue
-            calls = calls if calls is not None else calls_by_id(messages)
+            calls = calls if calls is not None else calls_in(messages, carried)
             tool, arguments = calls.get(key[0], (None, None))  # (an observation's obs- id names no call)
             waiting_summary = state.pending.get(key)
             if waiting_summary is None:

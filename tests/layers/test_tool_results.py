@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from proxy import pipeline
 from proxy.layers import tool_results
 from proxy.layers.observations import Observations
-from proxy.layers.tool_results import found_in, observed_in, results
+from proxy.layers.tool_results import calls_by_id, calls_in, found_in, observed_in, results
 from proxy.policy import LoadedPolicy, Policy
 from proxy.session import Session
 from proxy.state import StateStore
@@ -29,8 +29,8 @@ def message(kind: int, n: int) -> dict[str, Any]:
         return {"role": "user", "content": f"please fix bug {n}"}
     if kind == 1:
         return {"role": "assistant", "content": f"running step {n}",
-                "tool_calls": [{"id": f"c{n % 3}", "type": "function",
-                                "function": {"name": "sh", "arguments": "{}"}}]}
+                "tool_calls": [{"id": f"c{n % 3}", "type": "function",  # (ids reused, arguments not)
+                                "function": {"name": "sh", "arguments": f'{{"step": {n}}}'}}]}
     if kind == 2:
         return {"role": "tool", "tool_call_id": f"c{n % 3}", "content": f"output {n % 4}"}
     if kind == 3:
@@ -58,6 +58,7 @@ def test_a_carried_walk_finds_what_a_whole_walk_finds(steps: list[tuple[int, lis
         found = found_in(history, observations, carried)
         assert found is carried["results"][3]  # the same list again
         assert observed_in(history, found, carried) == {i for i, _ in found if history[i]["role"] == "user"}
+        assert calls_in(history, carried) == calls_by_id(history)
 
 
 def test_the_walk_starts_where_the_history_differs() -> None:
