@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from proxy.cli import main
 from proxy.summarize import detect_kind, summarize
 from proxy.summarize.common import Unfit, _layout, _Sec, share_at_least, unfit
-from proxy.summarize.detect import GUTTER_RE, _strip_gutter
-from proxy.summarize.listing_summary import _greppy, _pathy, listing_kind
+from proxy.summarize.detect import CODE_LINE_RE, GUTTER_RE, _is_def, _looks_like_code, _strip_gutter
+from proxy.summarize.listing_summary import CLIP, GREP_FILE_RE, GREP_RE, _greppy, _pathy, listing_kind
 
 WARNING = ("/usr/lib/python3.11/site-packages/pkg_resources/__init__.py:3154: DeprecationWarning: "
            "Deprecated call to `pkg_resources.declare_namespace('sphinxcontrib')`.")
@@ -196,6 +196,34 @@ def test_listing_kind_stops_early_and_decides_as_counting_every_line(lines):
     expected = None if n < 5 else "grep" if greppy * 10 >= n * 6 else "listing" if pathy * 10 >= n * 8 \
         else None
     assert listing_kind(lines) == expected
+
+
+grep_file_line = st.builds(lambda f, c: f"lib/{f}.cfg:{c}", st.sampled_from("abc"),
+                           st.sampled_from(["", " x"]))
+# (long paths: the colon anywhere up to past the clipped length, within and beyond the patterns' reach)
+clipped = st.builds(lambda a, b, tail: "a" * a + "/" + "b" * b + tail, st.integers(0, 320),
+                    st.integers(0, 420), st.sampled_from([":12: x", ".py:", ".py:x", ":"]))
+
+
+@given(st.one_of(grep_line, grep_file_line, path_line, other_line, clipped, st.text(max_size=40)))
+def test_a_grep_line_is_told_as_the_two_patterns_tell_it(line):
+    """The colon looked for first (within the clipped length the patterns see) decides nothing itself."""
+    expected = bool(GREP_RE.match(line[:CLIP]) or GREP_FILE_RE.match(line[:CLIP]))
+    assert _greppy(line) == expected
+
+
+code_like = st.sampled_from(["def run(x):", "class Job:", "int main(void) {", "    x = 1;", "import os",
+                             "}", "plain words here", "more plain text", "ERROR: it broke", "# a comment"])
+
+
+@given(st.lists(code_like, min_size=3, max_size=60))
+@example(["def f():"] + ["plain words here"] * 2 + ["    x = 1;"] * 2)  # 3 of 5 code-like: settled late
+def test_code_detection_stops_early_and_decides_as_counting_every_line(sample):
+    """Code when six tenths of the lines look like code, or four tenths and one is a definition."""
+    n = len(sample)
+    defs = sum(map(_is_def, sample))
+    code = sum(_is_def(line) or bool(CODE_LINE_RE.search(line[:300])) for line in sample)
+    assert _looks_like_code(sample) == ((code * 10 >= n * 4 and defs > 0) or code * 10 >= n * 6)
 
 
 def test_the_budget_grows_with_the_input():

@@ -73,6 +73,22 @@ def _is_def(line: str) -> bool:
     return bool((DEF_WORDS_RE.match(head) and DEF_RE.match(head)) or ("(" in head and C_FN_RE.match(head)))
 
 
+def _looks_like_code(sample: list[str]) -> bool:
+    """At least six tenths of the lines code-like, or four tenths and a definition among them; read only
+    until that is settled either way (most text settles as not code well before its end)."""
+    n, code, defs, left = len(sample), 0, 0, len(sample)
+    for line in sample:
+        left -= 1
+        is_def = _is_def(line)
+        if is_def or CODE_LINE_RE.search(line[:300]):
+            code, defs = code + 1, defs + is_def
+            if code * 10 >= n * 6 or (defs and code * 10 >= n * 4):
+                return True
+        elif (code + left) * 10 < n * 4:
+            return False
+    return False
+
+
 def _is_log_line(line: str) -> bool:
     """A timestamp or a level at the start (each test only past what its regex cannot match without:
     a colon in the time; an upper-case letter or `level` for the level)."""
@@ -102,15 +118,12 @@ def _analyze(text: str, tool_name: str | None = None) -> _Analysis:
     except Exception:  # SyntaxError, ValueError (NUL), RecursionError: simply not Python
         pass
     sample = [c for c in content[:SCAN_LINES] if c.strip()]
-    n, kind = max(len(sample), 1), "text"
+    kind = "text"
     if sample and share_at_least(sample, _is_log_line, 3):
         kind = "log"
     elif len(sample) >= 3 and not (tool_name and SHELL_RE.search(tool_name)):
         # Shell output is a log even with braces in it; a .py read through a shell already hit "python".
-        is_def = list(map(_is_def, sample))  # (once a line: both counts use it)
-        defs = sum(is_def)
-        code = sum(d or bool(CODE_LINE_RE.search(c[:300])) for c, d in zip(sample, is_def, strict=True))
-        kind = "code" if (code * 10 >= n * 4 and defs) or code * 10 >= n * 6 else kind
+        kind = "code" if _looks_like_code(sample) else kind
     if kind == "text" and sample and share_at_least(sample, has_error_word, 2):
         kind = "log"
     return _Analysis(kind, lines, content=content, offset=offset, json_error=json_error)

@@ -34,7 +34,9 @@ def listing_kind(lines: list[str]) -> str | None:
 
 
 def _greppy(line: str) -> bool:
-    return bool(GREP_RE.match(line[:CLIP]) or GREP_FILE_RE.match(line[:CLIP]))
+    # (both shapes have a colon in the clipped line: a path list has none, and is told so at once)
+    return line.find(":", 0, CLIP) >= 0 and bool(GREP_RE.match(line[:CLIP])
+                                                  or GREP_FILE_RE.match(line[:CLIP]))
 
 
 def _pathy(line: str) -> bool:
