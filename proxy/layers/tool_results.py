@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import operator
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from proxy import heavy
 from proxy.layers.observations import Observations, handle_for, task_end
@@ -100,36 +100,37 @@ def found_in(messages: list[dict[str, Any]], observations: Observations | None,
 def observed_in(messages: list[dict[str, Any]], found: list[Found],
                 carried: dict[str, Any]) -> frozenset[int]:
     """Where the observations are (results a text-protocol agent sends as user messages), carried per
-    session like `found` itself: a list that starts with the previous request's entries (the very tuples,
-    which found_in keeps only for the same message objects) adds only its new ones."""
-    def among(entries: list[Found]) -> frozenset[int]:
-        return frozenset(index for index, _ in entries if messages[index].get("role") == "user")
-    memo = carried.get("observed")
-    if memo is not None and starts_with(found, memo[0]):
-        earlier, observed = memo
-        observed = observed | among(found[len(earlier):]) if len(found) > len(earlier) else observed
-    else:
-        observed = among(found)
-    carried["observed"] = (found, observed)
-    return observed
+    session like `found` itself (whose entries found_in keeps, the very tuples, only for the same message
+    objects): a request adds only its new entries'."""
+    return _extended(carried, "observed", found, lambda entries: frozenset(
+        index for index, _ in entries if messages[index].get("role") == "user"))
 
 
 def calls_in(messages: list[dict[str, Any]],
              carried: dict[str, Any] | None) -> dict[str, tuple[str, str | None]]:
-    """`calls_by_id`, remembered in `carried` (a session's): a history that starts with the very messages
-    it was last built from adds only the calls past them (a result's tool is looked up on the turns that
-    summarize new output, which would otherwise walk the whole history for one name)."""
-    if carried is None:
-        return calls_by_id(messages)
-    memo = carried.get("calls")
-    if memo is not None and starts_with(messages, memo[0]):
-        earlier, calls = memo
-        if len(messages) > len(earlier):
-            calls = {**calls, **calls_by_id(messages[len(earlier):])}  # (a copy: later calls win, as there)
+    """`calls_by_id`, carried per session: a result's tool is looked up on the turns that summarize new
+    output, which would otherwise walk the whole history for one name."""
+    return calls_by_id(messages) if carried is None else _extended(carried, "calls", messages, calls_by_id)
+
+
+Carried = TypeVar("Carried", frozenset[int], dict[str, tuple[str, str | None]])  # (joined with |)
+
+
+def _extended(carried: dict[str, Any], key: str, items: list[Any],
+              build: Callable[[list[Any]], Carried]) -> Carried:
+    """`build(items)`, remembered in `carried[key]`: when `items` starts with the very objects it was last
+    built from, the earlier value `|` what the items past them build (sets: the union; dicts: later keys
+    win, as one build over all would give). The items are kept as a copy: a list changed in place later
+    cannot mislead."""
+    memo = carried.get(key)
+    if memo is not None and starts_with(items, memo[0]):
+        earlier, value = memo
+        if len(items) > len(earlier):
+            value = value | build(items[len(earlier):])
     else:
-        calls = calls_by_id(messages)
-    carried["calls"] = (list(messages), calls)  # (a copy: a list changed in place later cannot mislead)
-    return calls
+        value = build(items)
+    carried[key] = (list(items), value)
+    return value
 
 
 def calls_by_id(messages: list[dict[str, Any]]) -> dict[str, tuple[str, str | None]]:

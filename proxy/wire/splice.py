@@ -84,10 +84,9 @@ def _array_pieces(array: list[Any], spans: Spans, parsed: list[Any]) -> list[byt
         if follows < size and parsed[follows] is item:
             follows += 1
             continue
-        if follows > run_start:  # the run so far, from its first byte (past a comma: compact JSON)
-            after = opening if run_start == 0 else ends[run_start - 1]
-            first = after + 1 if raw[after] == 0x2C and raw[after + 1] == 0x7B else _element_start(raw, after)
-            pieces.append(view[first:ends[follows - 1]])
+        if follows > run_start:  # the run so far
+            pieces.append(view[_element_start(raw, opening if run_start == 0 else ends[run_start - 1]):
+                               ends[follows - 1]])
         if index_of is None:  # elsewhere in the parsed array (after what was evicted or replaced)?
             index_of = spans.index_of(parsed)
         at = index_of.get(id(item), -1)
@@ -97,8 +96,8 @@ def _array_pieces(array: list[Any], spans: Spans, parsed: list[Any]) -> list[byt
             pieces.append(orjson.dumps(item))
             run_start = follows = follows + 1
     if follows > run_start:
-        after = opening if run_start == 0 else ends[run_start - 1]
-        pieces.append(view[_element_start(raw, after):ends[follows - 1]])
+        pieces.append(view[_element_start(raw, opening if run_start == 0 else ends[run_start - 1]):
+                           ends[follows - 1]])
     return [b"[", *_separated(pieces), b"]"]
 
 
@@ -111,5 +110,7 @@ def _separated(pieces: list[bytes | memoryview]) -> list[bytes | memoryview]:
 def _element_start(raw: bytes, after: int) -> int:
     """Where the element after offset `after` (just past the array's `[`, or the previous element's end)
     begins: past any whitespace and the comma."""
+    if raw[after] == 0x2C and raw[after + 1] == 0x7B:  # (compact JSON: the comma, then the object)
+        return after + 1
     separators = _SEPARATORS.match(raw, after)
     return separators.end() if separators is not None else after
