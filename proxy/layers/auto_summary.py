@@ -243,12 +243,6 @@ def _line(entry: Headline, level: int) -> str:
     return f"- ({when}, {size}) " + " · ".join(parts)
 
 
-def full_line_tokens(entry: Headline, count_text: Callable[[str], int]) -> int:
-    """What the entry's line costs with every detail (render sheds details from the oldest entries first,
-    so an entry older than entries whose full lines alone fill the budget is never shown in full)."""
-    return count_text(_line(entry, FULL)) + 1
-
-
 def render(entries: list[Headline], now: float, max_tokens: int, count_text: Callable[[str], int]) -> str:
     """The block's text. Older entries shed their details first (full → brief → the user's words or what
     was asked, with the handles), then are dropped and counted: entries without the user's words before
@@ -257,25 +251,8 @@ def render(entries: list[Headline], now: float, max_tokens: int, count_text: Cal
     Line costs are measured once; the block is composed once, then checked (and trimmed if the
     estimate was off by a few tokens).
     """
+    levels, dropped, order = _levels(entries, now, max_tokens, count_text)
     total_tokens = sum(e.tokens for e in entries)
-    cost = [[count_text(_line(e, level)) + 1 for level in (BARE, BRIEF, FULL)] for e in entries]
-    frame = count_text(_compose([], [], 1, total_tokens, len(entries), now)) + 8 * len(AGE_LABELS)
-    levels = [FULL] * len(entries)
-    total = frame + sum(c[FULL] for c in cost)
-    for target in (BRIEF, BARE):
-        for index in range(len(entries) - 1):  # the newest keeps its details longest
-            if total <= max_tokens:
-                break
-            if levels[index] > target:
-                total -= cost[index][levels[index]] - cost[index][target]
-                levels[index] = target
-    order = [i for i, e in enumerate(entries) if not e.said] + [i for i, e in enumerate(entries) if e.said]
-    dropped: set[int] = set()
-    for index in order:
-        if total <= max_tokens:
-            break
-        dropped.add(index)
-        total -= cost[index][levels[index]]
     while True:
         kept = [i for i in range(len(entries)) if i not in dropped]
         text = _compose([entries[i] for i in kept], [levels[i] for i in kept], len(dropped), total_tokens,
@@ -283,6 +260,46 @@ def render(entries: list[Headline], now: float, max_tokens: int, count_text: Cal
         if not kept or count_text(text) <= max_tokens:
             return text
         dropped.add(next(i for i in order if i not in dropped))
+
+
+def shown_in_full(entries: list[Headline], now: float, max_tokens: int,
+                  count_text: Callable[[str], int]) -> list[bool]:
+    """Which entries the block would show with every detail. Measured on entries built without details
+    (whose full lines are then at most as long), it names every entry that may be shown in full once
+    they have them: only those need their results searched for ids, paths and errors."""
+    levels, dropped, _ = _levels(entries, now, max_tokens, count_text)
+    return [level == FULL and index not in dropped for index, level in enumerate(levels)]
+
+
+def _levels(entries: list[Headline], now: float, max_tokens: int,
+            count_text: Callable[[str], int]) -> tuple[list[int], set[int], list[int]]:
+    """The detail level of each entry, those dropped, and the order in which more would be dropped."""
+    total_tokens = sum(e.tokens for e in entries)
+    costs: dict[tuple[int, int], int] = {}
+
+    def cost(index: int, level: int) -> int:  # (a level is measured only when an entry reaches it)
+        if (index, level) not in costs:
+            costs[index, level] = count_text(_line(entries[index], level)) + 1
+        return costs[index, level]
+
+    frame = count_text(_compose([], [], 1, total_tokens, len(entries), now)) + 8 * len(AGE_LABELS)
+    levels = [FULL] * len(entries)
+    total = frame + sum(cost(i, FULL) for i in range(len(entries)))
+    for target in (BRIEF, BARE):
+        for index in range(len(entries) - 1):  # the newest keeps its details longest
+            if total <= max_tokens:
+                break
+            if levels[index] > target:
+                total -= cost(index, levels[index]) - cost(index, target)
+                levels[index] = target
+    order = [i for i, e in enumerate(entries) if not e.said] + [i for i, e in enumerate(entries) if e.said]
+    dropped: set[int] = set()
+    for index in order:
+        if total <= max_tokens:
+            break
+        dropped.add(index)
+        total -= cost(index, levels[index])
+    return levels, dropped, order
 
 
 def _compose(entries: list[Headline], levels: list[int], dropped: int, total_tokens: int, total: int,

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from proxy.layers.auto_summary import Count, Headline, full_line_tokens, headline, render
+from proxy.layers.auto_summary import Count, Headline, headline, render, shown_in_full
 from proxy.layers.observations import task_end
 
 if TYPE_CHECKING:
@@ -95,6 +95,25 @@ def anchor_for(messages: list[dict[str, Any]], head: int, cut: int,
     return None
 
 
+def anchors_from(messages: list[dict[str, Any]], head: int, start: int,
+                 observed: Indexes = frozenset()) -> list[int | None]:
+    """`anchor_for(messages, head, at, observed)` for every `at` from `start` to `len(messages)`, in one
+    pass (a walk over candidate cuts asks for each: one backward search apiece made it quadratic)."""
+    last: int | None = None
+    for index in range(head, start):
+        if messages[index].get("role") == "user" and index not in observed:
+            last = index
+    anchors: list[int | None] = []
+    for at in range(start, len(messages)):
+        if messages[at].get("role") == "user" and at not in observed:
+            anchors.append(None)  # (a cut at a user's message keeps it: no anchor)
+            last = at if at >= head else None
+        else:
+            anchors.append(last)
+    anchors.append(None)  # (nothing past the end)
+    return anchors
+
+
 def choose_cut(messages: list[dict[str, Any]], count: Count, previous_cut: int | None, fixed_tokens: int,
                budget_tokens: int, low_water_tokens: int, observed: Indexes = frozenset(),
                keep_from: int | None = None, limit_tokens: int | None = None,
@@ -129,9 +148,11 @@ def choose_cut(messages: list[dict[str, Any]], count: Count, previous_cut: int |
     suffix = [0] * (len(messages) + 1)
     for index in range(len(messages) - 1, cut - 1, -1):
         suffix[index] = suffix[index + 1] + count(messages[index])
+    anchors = anchors_from(messages, head, cut, observed)
 
     def kept_at(at: int) -> int:
-        return base + suffix[at] + anchored(at)
+        anchor = anchors[at - cut]
+        return base + suffix[at] + (count(messages[anchor]) if anchor is not None else 0)
     protect_from = in_progress_start(messages, head, observed)
     limit = len(messages) if keep_from is None else keep_from
     protect_from = min(protect_from, limit)
@@ -272,22 +293,25 @@ def slide(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state
     if eviction.cut > eviction.new_from:
         spans = exchanges(original, eviction.new_from, eviction.cut, observed)
         kept = [keep(start, stop) if keep else {} for start, stop in spans]
-        # Newest first: once the full lines of newer entries fill the block, older ones are never shown
-        # in full, so their results are not searched for ids and errors (a first batch of hundreds).
-        full_tokens = 0
-        for (start, stop), handles in reversed(list(zip(spans, kept, strict=True))):
+
+        def headline_of(span: tuple[int, int], handles: dict[int, str], details: bool) -> Headline:
+            start, stop = span
             outputs = frozenset(id(original[i]) for i in range(start, stop) if i in observed)
-            entry = headline(original[start:stop], window.first_seen[start], count,
-                             handles={i - start: h for i, h in handles.items()},
-                             observation=functools.partial(_is_among, outputs),
-                             details=full_tokens <= summary_tokens)
-            if full_tokens <= summary_tokens:
-                full_tokens += full_line_tokens(entry, count_text)
-            evicted_now.append((entry, original[start:stop]))
-        evicted_now.reverse()
-        window.headlines.extend(entry for entry, _ in evicted_now)
-        window.block = render(window.headlines, now, summary_tokens, count_text) if summary else None
-        window.block_tokens = count_text(window.block) if window.block else 0
+            return headline(original[start:stop], window.first_seen[start], count,
+                            handles={i - start: h for i, h in handles.items()},
+                            observation=functools.partial(_is_among, outputs), details=details)
+        # Only the entries the block may show in full have their results searched for ids, paths and
+        # errors: a first batch evicts hundreds, most of them shown as a bare line or not at all.
+        count_line = functools.cache(count_text)  # (lines measured to decide are measured again to render)
+        plain = [headline_of(span, handles, False) for span, handles in zip(spans, kept, strict=True)]
+        shown = shown_in_full([*window.headlines, *plain], now, summary_tokens, count_line)
+        full = shown[len(window.headlines):]
+        entries = [headline_of(span, handles, True) if shown else entry
+                   for span, handles, entry, shown in zip(spans, kept, plain, full, strict=True)]
+        evicted_now = [(entry, original[a:b]) for entry, (a, b) in zip(entries, spans, strict=True)]
+        window.headlines.extend(entries)
+        window.block = render(window.headlines, now, summary_tokens, count_line) if summary else None
+        window.block_tokens = count_line(window.block) if window.block else 0
         window.cut, window.last_evicted = eviction.cut, original[eviction.cut - 1]
     if window.cut is None or window.cut <= eviction.head_end:
         return original, forwarded, evicted_now

@@ -10,9 +10,10 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.layers.auto_summary import Headline, headline, render
+from proxy.layers.auto_summary import Headline, headline, render, shown_in_full
 from proxy.layers.identifiers import clip
-from tests.strategies import conversation
+from proxy.tokens import TokenCounter
+from tests.strategies import conversation, long_conversation
 
 NOW = 1_700_000_000.0
 
@@ -170,3 +171,69 @@ def test_headlines_and_render_are_deterministic_and_within_budget(messages, budg
     text = render(first, NOW, budget, count_text)
     assert text == render(second, NOW, budget, count_text)
     assert count_text(text) <= budget or "not listed" in text or len(first) == 0
+
+
+TOKENS = TokenCounter()
+
+
+def exact_text(text: str) -> int:
+    return TOKENS.text(text, "gpt-4o")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(long_conversation(), min_size=1, max_size=2), st.integers(40, 2_500), st.integers(0, 8))
+def test_only_the_entries_shown_in_full_need_their_details(histories, budget, earlier):
+    """Built without details, the entries the block may show in full are named; given details only
+    those, the block is the one every entry with details gives (real token counts: BPE's quirks)."""
+    messages = [m for history in histories for m in history]
+    cuts = [i for i, m in enumerate(messages) if m.get("role") in ("user", "assistant")] + [len(messages)]
+    spans = list(pairwise(cuts))
+    handles = [{b - a - 1: f"h{a}"} for a, b in spans]
+    detailed = [headline(messages[a:b], NOW - 60 * (len(spans) - n), count, handles=h)
+                for n, ((a, b), h) in enumerate(zip(spans, handles, strict=True))]
+    plain = [headline(messages[a:b], NOW - 60 * (len(spans) - n), count, handles=h, details=False)
+             for n, ((a, b), h) in enumerate(zip(spans, handles, strict=True))]
+    older = detailed[:earlier]  # entries of earlier batches, built with the rule before (all details here)
+    full = shown_in_full([*older, *plain[earlier:]], NOW, budget, exact_text)[len(older):]
+    chosen = [with_details if shown else without for with_details, without, shown
+              in zip(detailed[earlier:], plain[earlier:], full, strict=True)]
+    assert render([*older, *chosen], NOW, budget, exact_text) == render(detailed, NOW, budget, exact_text)
+
+
+def reference_render(entries: list[Headline], now: float, max_tokens: int, count_text) -> str:
+    """render as it was before its costs were measured lazily: every line at every level, up front."""
+    from proxy.layers.auto_summary import AGE_LABELS, BARE, BRIEF, FULL, _compose, _line
+    total_tokens = sum(e.tokens for e in entries)
+    cost = [[count_text(_line(e, level)) + 1 for level in (BARE, BRIEF, FULL)] for e in entries]
+    frame = count_text(_compose([], [], 1, total_tokens, len(entries), now)) + 8 * len(AGE_LABELS)
+    levels = [FULL] * len(entries)
+    total = frame + sum(c[FULL] for c in cost)
+    for target in (BRIEF, BARE):
+        for index in range(len(entries) - 1):
+            if total <= max_tokens:
+                break
+            if levels[index] > target:
+                total -= cost[index][levels[index]] - cost[index][target]
+                levels[index] = target
+    order = [i for i, e in enumerate(entries) if not e.said] + [i for i, e in enumerate(entries) if e.said]
+    dropped: set[int] = set()
+    for index in order:
+        if total <= max_tokens:
+            break
+        dropped.add(index)
+        total -= cost[index][levels[index]]
+    while True:
+        kept = [i for i in range(len(entries)) if i not in dropped]
+        text = _compose([entries[i] for i in kept], [levels[i] for i in kept], len(dropped), total_tokens,
+                        len(entries), now)
+        if not kept or count_text(text) <= max_tokens:
+            return text
+        dropped.add(next(i for i in order if i not in dropped))
+
+
+@settings(max_examples=60, deadline=None)
+@given(long_conversation(), st.integers(20, 3_000))
+def test_render_measuring_lazily_is_render_measuring_everything(messages, budget):
+    cuts = [i for i, m in enumerate(messages) if m.get("role") in ("user", "assistant")] + [len(messages)]
+    entries = [headline(messages[a:b], NOW - b, count, handles={0: f"h{a}"}) for a, b in pairwise(cuts)]
+    assert render(entries, NOW, budget, exact_text) == reference_render(entries, NOW, budget, exact_text)

@@ -49,7 +49,7 @@ def first_sight(messages: list[dict[str, Any]], loaded: LoadedPolicy) -> Seen:
 def without_shortcuts(messages: list[dict[str, Any]], loaded: LoadedPolicy) -> Seen:
     """The same request with every result decided and every headline searched in full."""
     with mock.patch.object(pipeline, "first_batch_floor", return_value=0), \
-            mock.patch.object(window, "full_line_tokens", return_value=0):
+            mock.patch.object(window, "shown_in_full", lambda entries, *_: [True] * len(entries)):
         return first_sight(messages, loaded)
 
 
@@ -217,3 +217,16 @@ def test_the_kept_total_handed_to_the_cut_choice_is_the_one_it_would_sum(
                 continue
     event(f"hinted, batches among them: {'some' if any(hinted) else 'none'}")
     assert hinted or len(request_prefixes(messages)) < 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(roles=st.lists(st.sampled_from(["user", "assistant", "tool", "system"]), max_size=30),
+       observed=st.sets(st.integers(0, 30)), data=st.data())
+def test_anchors_in_one_pass_are_the_ones_searched_back(roles: list[str], observed: set[int],
+                                                        data: st.DataObject) -> None:
+    messages = [{"role": role, "content": str(i)} for i, role in enumerate(roles)]
+    head = data.draw(st.integers(0, len(messages)), label="head")
+    start = data.draw(st.integers(0, len(messages)), label="start")
+    frozen = frozenset(observed)
+    assert window.anchors_from(messages, head, start, frozen) == [
+        window.anchor_for(messages, head, at, frozen) for at in range(start, len(messages) + 1)]
