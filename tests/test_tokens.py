@@ -74,3 +74,14 @@ def test_a_scope_sums_what_message_counts_whichever_were_counted_before(texts, d
             count(message)
         assert tokens.messages(messages, model) == expected
         assert tokens.messages(messages, model) == expected  # (now every one is known)
+
+
+@given(st.lists(st.text(max_size=300), min_size=1, max_size=12))
+def test_text_counts_are_the_encoders_however_short_and_remembered_by_family(texts: list[str]) -> None:
+    from proxy.tokens import TokenCounter, _encoder, encoding_name_for
+
+    counter = TokenCounter()
+    for _ in range(2):  # the second time from the memo
+        for text in texts:
+            for model in ("gpt-4o", "gpt-4"):  # o200k and cl100k count the same text differently
+                assert counter.text(text, model) == _encoder(encoding_name_for(model))(text)

@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -215,8 +216,13 @@ def _step(step: Any, level: int) -> str:
     return text
 
 
+@lru_cache(maxsize=1024)
+def _time_of_day(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).strftime("%a %H:%M")
+
+
 def _line(entry: Headline, level: int) -> str:
-    when = datetime.fromtimestamp(entry.at, UTC).strftime("%a %H:%M")
+    when = _time_of_day(entry.at)
     size = f"~{entry.tokens / 1000:.1f}k tokens" if entry.tokens >= 1000 else f"~{entry.tokens} tokens"
     said = getattr(entry, "said", "") or ""
     parts = [f"user said: {orjson.dumps(said).decode()}" if said else (entry.asked or "(no text)")]
@@ -243,15 +249,19 @@ def _line(entry: Headline, level: int) -> str:
     return f"- ({when}, {size}) " + " · ".join(parts)
 
 
-def render(entries: list[Headline], now: float, max_tokens: int, count_text: Callable[[str], int]) -> str:
+Costs = dict[tuple[int, int], int]  # (id of an entry, level) -> its line's tokens, while the entries live
+
+
+def render(entries: list[Headline], now: float, max_tokens: int, count_text: Callable[[str], int],
+           costs: Costs | None = None) -> str:
     """The block's text. Older entries shed their details first (full → brief → the user's words or what
     was asked, with the handles), then are dropped and counted: entries without the user's words before
     those with them.
 
     Line costs are measured once; the block is composed once, then checked (and trimmed if the
-    estimate was off by a few tokens).
+    estimate was off by a few tokens). `costs`: lines measured before (shown_in_full), filled in here.
     """
-    levels, dropped, order = _levels(entries, now, max_tokens, count_text)
+    levels, dropped, order = _levels(entries, now, max_tokens, count_text, costs)
     total_tokens = sum(e.tokens for e in entries)
     while True:
         kept = [i for i in range(len(entries)) if i not in dropped]
@@ -262,25 +272,26 @@ def render(entries: list[Headline], now: float, max_tokens: int, count_text: Cal
         dropped.add(next(i for i in order if i not in dropped))
 
 
-def shown_in_full(entries: list[Headline], now: float, max_tokens: int,
-                  count_text: Callable[[str], int]) -> list[bool]:
+def shown_in_full(entries: list[Headline], now: float, max_tokens: int, count_text: Callable[[str], int],
+                  costs: Costs | None = None) -> list[bool]:
     """Which entries the block would show with every detail. Measured on entries built without details
     (whose full lines are then at most as long), it names every entry that may be shown in full once
     they have them: only those need their results searched for ids, paths and errors."""
-    levels, dropped, _ = _levels(entries, now, max_tokens, count_text)
+    levels, dropped, _ = _levels(entries, now, max_tokens, count_text, costs)
     return [level == FULL and index not in dropped for index, level in enumerate(levels)]
 
 
-def _levels(entries: list[Headline], now: float, max_tokens: int,
-            count_text: Callable[[str], int]) -> tuple[list[int], set[int], list[int]]:
+def _levels(entries: list[Headline], now: float, max_tokens: int, count_text: Callable[[str], int],
+            costs: Costs | None) -> tuple[list[int], set[int], list[int]]:
     """The detail level of each entry, those dropped, and the order in which more would be dropped."""
     total_tokens = sum(e.tokens for e in entries)
-    costs: dict[tuple[int, int], int] = {}
+    known: Costs = {} if costs is None else costs
 
     def cost(index: int, level: int) -> int:  # (a level is measured only when an entry reaches it)
-        if (index, level) not in costs:
-            costs[index, level] = count_text(_line(entries[index], level)) + 1
-        return costs[index, level]
+        key = (id(entries[index]), level)
+        if key not in known:
+            known[key] = count_text(_line(entries[index], level)) + 1
+        return known[key]
 
     frame = count_text(_compose([], [], 1, total_tokens, len(entries), now)) + 8 * len(AGE_LABELS)
     levels = [FULL] * len(entries)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from proxy.layers.auto_summary import Count, Headline, headline, render, shown_in_full
+from proxy.layers.auto_summary import Costs, Count, Headline, headline, render, shown_in_full
 from proxy.layers.observations import task_end
 
 if TYPE_CHECKING:
@@ -302,16 +302,16 @@ def slide(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state
                             observation=functools.partial(_is_among, outputs), details=details)
         # Only the entries the block may show in full have their results searched for ids, paths and
         # errors: a first batch evicts hundreds, most of them shown as a bare line or not at all.
-        count_line = functools.cache(count_text)  # (lines measured to decide are measured again to render)
+        costs: Costs = {}  # (the lines measured to decide are the lines rendered, but those given details)
         plain = [headline_of(span, handles, False) for span, handles in zip(spans, kept, strict=True)]
-        shown = shown_in_full([*window.headlines, *plain], now, summary_tokens, count_line)
+        shown = shown_in_full([*window.headlines, *plain], now, summary_tokens, count_text, costs)
         full = shown[len(window.headlines):]
         entries = [headline_of(span, handles, True) if shown else entry
                    for span, handles, entry, shown in zip(spans, kept, plain, full, strict=True)]
         evicted_now = [(entry, original[a:b]) for entry, (a, b) in zip(entries, spans, strict=True)]
         window.headlines.extend(entries)
-        window.block = render(window.headlines, now, summary_tokens, count_line) if summary else None
-        window.block_tokens = count_line(window.block) if window.block else 0
+        window.block = render(window.headlines, now, summary_tokens, count_text, costs) if summary else None
+        window.block_tokens = count_text(window.block) if window.block else 0
         window.cut, window.last_evicted = eviction.cut, original[eviction.cut - 1]
     if window.cut is None or window.cut <= eviction.head_end:
         return original, forwarded, evicted_now

@@ -237,3 +237,20 @@ def test_render_measuring_lazily_is_render_measuring_everything(messages, budget
     cuts = [i for i, m in enumerate(messages) if m.get("role") in ("user", "assistant")] + [len(messages)]
     entries = [headline(messages[a:b], NOW - b, count, handles={0: f"h{a}"}) for a, b in pairwise(cuts)]
     assert render(entries, NOW, budget, exact_text) == reference_render(entries, NOW, budget, exact_text)
+
+
+def test_lines_measured_to_decide_are_not_measured_again_to_render():
+    items = entries(30)
+    budget = count_text(render(items, NOW, 100_000, count_text)) * 7 // 10  # some entries shed details
+    costs: dict[tuple[int, int], int] = {}
+    shown = shown_in_full(items, NOW, budget, count_text, costs)
+    assert 0 < sum(shown) < len(items)
+    measured: list[str] = []
+
+    def spy(text: str) -> int:
+        measured.append(text)
+        return count_text(text)
+
+    block = render(items, NOW, budget, spy, costs)
+    assert measured and measured[-1] == block  # the block itself is checked
+    assert not any(text.startswith("- (") for text in measured)  # but no line is measured again
