@@ -85,3 +85,16 @@ def test_text_counts_are_the_encoders_however_short_and_remembered_by_family(tex
         for text in texts:
             for model in ("gpt-4o", "gpt-4"):  # o200k and cl100k count the same text differently
                 assert counter.text(text, model) == _encoder(encoding_name_for(model))(text)
+
+
+@given(st.one_of(st.sampled_from(["system", "user", "assistant", "tool", "developer"]), st.text(max_size=90)),
+       st.text(max_size=200), st.one_of(st.none(), st.text(min_size=1, max_size=20)))
+def test_a_message_counts_as_openais_recipe_says(role: str, content: str, name: str | None) -> None:
+    """3 per message, its role, its content, and 1 plus the name when there is one (whatever the role:
+    a client may send any string, long ones too)."""
+    from proxy.tokens import TokenCounter, _encoder
+
+    encode = _encoder("o200k_base")
+    message = {"role": role, "content": content, **({"name": name} if name is not None else {})}
+    expected = 3 + encode(role) + encode(content) + (1 + encode(name) if name else 0)
+    assert TokenCounter().message(message, "gpt-4o") == expected
