@@ -302,12 +302,13 @@ def slide(original: list[dict[str, Any]], forwarded: list[dict[str, Any]], state
                             observation=functools.partial(_is_among, outputs), details=details)
         # Only the entries the block may show in full have their results searched for ids, paths and
         # errors: a first batch evicts hundreds, most of them shown as a bare line or not at all.
-        costs: Costs = {}  # (the lines measured to decide are the lines rendered, but those given details)
+        # (the lines measured to decide are the lines rendered, but for those given details; every entry
+        # measured stays referenced meanwhile, so no id in `costs` is another object's)
+        costs: Costs = {}
         plain = [headline_of(span, handles, False) for span, handles in zip(spans, kept, strict=True)]
         shown = shown_in_full([*window.headlines, *plain], now, summary_tokens, count_text, costs)
-        full = shown[len(window.headlines):]
-        entries = [headline_of(span, handles, True) if shown else entry
-                   for span, handles, entry, shown in zip(spans, kept, plain, full, strict=True)]
+        entries = [headline_of(span, handles, True) if in_full else entry for span, handles, entry, in_full
+                   in zip(spans, kept, plain, shown[len(window.headlines):], strict=True)]
         evicted_now = [(entry, original[a:b]) for entry, (a, b) in zip(entries, spans, strict=True)]
         window.headlines.extend(entries)
         window.block = render(window.headlines, now, summary_tokens, count_text, costs) if summary else None
