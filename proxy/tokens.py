@@ -315,19 +315,13 @@ def _rough_chars(message: dict[str, Any]) -> int:
     return (len(content) if isinstance(content, str) else 1024) + 256 * len(message.get("tool_calls") or ())
 
 
-@functools.lru_cache(maxsize=64)
-def _role_tokens(role: str, family: str) -> int:  # (a handful of roles: counted once, not once a message)
-    return _encoder(family)(role)
-
-
 def _count_message(message: dict[str, Any], family: str) -> int:
     encoder = _encoder(family)
 
     def count(text: str) -> int:
         return heavy.call(count_text, text, family) if len(text) >= heavy.HUGE_CHARS else encoder(text)
 
-    role = str(message.get("role", ""))  # (any string a client sends: only short ones are remembered)
-    total = TOKENS_PER_MESSAGE + (_role_tokens(role, family) if len(role) <= 64 else count(role))
+    total = TOKENS_PER_MESSAGE + count(str(message.get("role", "")))
     content = message.get("content")
     if isinstance(content, str):
         total += count(content)
