@@ -280,14 +280,29 @@ def _long_run(args: argparse.Namespace, workdir: Path, fake: Service, headers: d
                        "cpu_s": settled_cpu_seconds(service.proc.pid) - cpu_start}
         if name == "ctxproxy":
             found[name]["gc"] = gc_pauses(service.base)
+            resumed = session_bodies({RESUMED: SIZES[RESUMED]}, 6, chat_body)[RESUMED]
+            resumed_headers = {**headers, "x-ctxproxy-session": "resumed-" + os.urandom(6).hex()}
+            before = _turns(service.base, resumed[:4], resumed_headers)
         service.stop(signal.SIGINT if name == "ctxproxy" else signal.SIGTERM)
         if name == "ctxproxy":  # a restart finds its data dir: the archive, the tokenizer's cached ranks
             again = start_ctxproxy(workdir, fake.base, args.src, name="ctxproxy-long")
             started.append(again)
             probe = {"authorization": "Bearer sk-bench", "content-type": "application/json"}
             found["restart"] = _startup(again, again.base + CHAT, chat_body(SMALL), probe)
+            after = _turns(again.base, resumed[4:], resumed_headers)
+            found["resumed"] = {"size": RESUMED, "first_sight_ms": before[0], "turns_ms": before[1:],
+                                "after_restart_ms": after[0], "next_ms": after[1:]}
             again.stop(signal.SIGINT)
     return found
+
+
+RESUMED = "2MB"  # the size of a real session continued across that restart (the counts kept at shutdown)
+
+
+def _turns(base: str, bodies: list[bytes], headers: dict[str, str]) -> list[float]:
+    """Milliseconds of each turn of a session, sent one after another."""
+    with httpx.Client(timeout=120.0) as client:
+        return [send_ms(client, base + CHAT, body, headers) for body in bodies]
 
 
 def gc_pauses(base: str) -> dict[str, dict[str, float]] | None:

@@ -106,6 +106,13 @@ def print_floor(result: dict[str, Any]) -> None:
               "first start on an empty data dir; restarted: after the long run below, its data dir kept):\n")
         print(table(["server", "cold start s", "RSS at start MB"],
                     [[name, sig3(v["cold_start_s"]), sig3(v["rss_mb"])] for name, v in startup.items()]))
+    resumed = (result.get("long_run") or {}).get("resumed")
+    if resumed:
+        print(f"\nA real {resumed['size']} session continued across the restart above (its "
+              "turns before it, then after it; ms to each answer):\n")
+        print(table(["first sight", "next turns", "first turn after the restart", "next turn"],
+                    [[sig3(resumed["first_sight_ms"]), " / ".join(sig3(t) for t in resumed["turns_ms"]),
+                      sig3(resumed["after_restart_ms"]), " / ".join(sig3(t) for t in resumed["next_ms"])]]))
     long_run = result.get("long_run") or {}
     if long_run:
         print(f"\nA long run, each in a fresh process: {long_run['sessions']} sessions of "

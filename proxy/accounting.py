@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.tokens import model_prices
+from proxy.model_map import model_prices
 
 PER_MILLION = 1_000_000
 CACHE_MIN_TOKENS = 1024  # providers cache prefixes from about this long

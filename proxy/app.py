@@ -32,7 +32,9 @@ from proxy.exchange_end import (
     spend_recorder,
 )
 from proxy.internal_tools import ToolContext
+from proxy.kept_counts import FILE_NAME, KeptCounts, keep_at_shutdown
 from proxy.metrics import Metrics
+from proxy.model_map import model_window
 from proxy.offload import INLINE_BYTES, INLINE_FRESH_BYTES, off_loop_if_large
 from proxy.pins import PinStore
 from proxy.policy import LoadedPolicy, PolicyStore
@@ -53,7 +55,7 @@ from proxy.routes import (
 from proxy.session import Session, identify
 from proxy.state import SessionState, StateStore, WouldBlock
 from proxy.store.storage import ArchiveQueries, Storage, open_storage
-from proxy.tokens import TokenCounter, model_window, use_cache_dir
+from proxy.tokens import TokenCounter, use_cache_dir
 from proxy.ui import routes as ui_routes
 from proxy.upstream import ClientDisconnected, Upstream, response_headers, unless_disconnected
 from proxy.wire import Decoded, WireFormat, resent
@@ -347,6 +349,7 @@ def build_app(config: Config, *, settle_collector: bool = False) -> Starlette:
         await anyio.to_thread.run_sync(warm_up, tokens, policies)
         heavy.enable(use_cache_dir, cache)  # huge texts: in a worker process, which reads the same cache
         metrics = Metrics()
+        kept = tokens.kept = KeptCounts(cache / FILE_NAME, on_restored=metrics.counts_restored.inc)
         storage = await anyio.to_thread.run_sync(lambda: open_storage(
             config, tokens, pricing=Pricing(config.prices()), on_exchange=on_archived(metrics)))
         archive, reader = storage.writer, storage.reader
@@ -372,6 +375,7 @@ def build_app(config: Config, *, settle_collector: bool = False) -> Starlette:
                 await upstream.aclose()
             await telemetry.stop(app.state.telemetry)  # flushes the spans not exported yet
             heavy.shutdown()
+            await anyio.to_thread.run_sync(keep_at_shutdown, kept, app.state.proxy.store)
             storage.close()
 
     chat_methods = ["POST"]

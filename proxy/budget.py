@@ -10,9 +10,9 @@ from typing import Any
 
 from proxy.layers.observations import Observations, for_policy
 from proxy.layers.tool_results import prune
+from proxy.model_map import model_window
 from proxy.policy import Policy
 from proxy.state import SessionState, StateStore
-from proxy.tokens import model_window
 
 log = logging.getLogger("ctxproxy.budget")
 

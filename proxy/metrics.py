@@ -56,6 +56,9 @@ class Metrics:
                                           "collector (proxy/collector.py), by generation: the event loop "
                                           "waits.", ["generation"], buckets=_FAST_BUCKETS,
                                           registry=self.registry)
+        self.counts_restored = Counter("ctxproxy_token_counts_restored", "Messages whose token count came "
+                                       "from the counts a previous process kept (proxy/kept_counts.py) "
+                                       "instead of the tokenizer.", registry=self.registry)
         self.blocks_skipped = Counter("ctxproxy_blocks_skipped", "Block sources skipped (deadline, error, "
                                       "budget).", ["policy", "reason"], registry=self.registry)
 

@@ -182,6 +182,11 @@ class StateStore:
     def cached_sessions(self) -> int:
         return len(self._sessions)
 
+    def states(self) -> list[SessionState]:
+        """The sessions held in memory, the one used last first."""
+        with self._lock:
+            return list(reversed(self._sessions.values()))
+
     def get(self, tenant: str, session_id: str) -> SessionState:
         key = (tenant, session_id)
         with self._lock:

@@ -1,14 +1,12 @@
-"""Token counting, model windows and prices. The only module that imports tiktoken or reads litellm's files.
+"""Token counting. The only module that imports tiktoken (model windows and prices: proxy/model_map.py).
 
 Counts are exact for the encoding that fits the model and work offline: the encodings ship inside
-the litellm package, which we locate without importing it (importing litellm costs ~2.5 s and ~125 MB);
-windows and prices come from the JSON map it bundles, read the same way.
+the litellm package, which we locate without importing it (importing litellm costs ~2.5 s and ~125 MB).
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
 import itertools
 import logging
 import operator
@@ -18,16 +16,19 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from proxy import heavy, parallel, tokenizer_cache
+from proxy.model_map import litellm_dir
 from proxy.token_sums import Summed, extended_total
+
+if TYPE_CHECKING:
+    from proxy.kept_counts import KeptCounts
 
 log = logging.getLogger("ctxproxy")
 
-FALLBACK_WINDOW = 8192
 # Per-message overheads as in OpenAI's published counting recipe.
 TOKENS_PER_MESSAGE = 3
 TOKENS_PER_NAME = 1
@@ -42,17 +43,8 @@ _CACHE_LIMIT = 200_000
 _CACHE_CHARS = 64 * 1024 * 1024
 
 
-@cache
-def _litellm_dir() -> Path | None:
-    """Where the litellm package lies (found, never imported), or None when it is not installed."""
-    spec = importlib.util.find_spec("litellm")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
 def _litellm_resource_dir() -> Path:
-    package = _litellm_dir()
+    package = litellm_dir()
     if package is None:
         raise RuntimeError("litellm is not installed; it ships the offline tokenizer files")
     return package / "litellm_core_utils" / "tokenizers"
@@ -139,6 +131,7 @@ class TokenCounter:
         self._chars = 0
         self._lock = threading.Lock()
         self._scope = threading.local()  # within one request: counts by message identity
+        self.kept: KeptCounts | None = None  # counts an earlier process kept (proxy/kept_counts.py)
 
     @contextmanager
     def request_scope(self, carried: Scoped | None = None,
@@ -247,6 +240,14 @@ class TokenCounter:
             else:
                 todo.append((message, key))
         sizes = [_rough_chars(message) for message, _ in todo]
+        if self.kept is not None and sum(sizes) >= PARALLEL_CHARS:  # (after a restart: known there)
+            restored = self.kept.restore(family, [message for message, _ in todo])
+            for (message, key), count in zip(todo, restored, strict=True):
+                if count is not None:
+                    self._remember(key, _key_size(key[1]), count)
+                    scoped[id(message)] = (message, count)
+            unknown = [count is None for count in restored]
+            todo, sizes = list(itertools.compress(todo, unknown)), list(itertools.compress(sizes, unknown))
         if sum(sizes) < PARALLEL_CHARS:
             return  # (the caller counts them one by one: not worth a hand-over)
         counted = parallel.map_split(functools.partial(count_messages, family=family),
@@ -344,56 +345,3 @@ def _count_message(message: dict[str, Any], family: str) -> int:
     if message.get("tool_call_id"):
         total += count(str(message["tool_call_id"]))
     return total
-
-
-_windows: dict[str, int] = {}
-MODEL_MAP = "model_prices_and_context_window_backup.json"  # litellm's bundled map of windows and prices
-
-
-@cache
-def _model_map() -> dict[str, Any]:
-    """litellm's bundled model map, read as JSON: importing litellm for it would cost ~2 s and ~120 MB."""
-    package = _litellm_dir()
-    if package is None:
-        return {}
-    try:
-        loaded = orjson.loads((package / MODEL_MAP).read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return {}
-    return loaded if isinstance(loaded, dict) else {}
-
-
-def model_info(model: str) -> dict[str, Any] | None:
-    """The map's entry for `model`: as named, then without a provider prefix (`openai/gpt-4o`) or a
-    fine-tune wrapper (`ft:gpt-4o-mini:org::id`)."""
-    names = [model]
-    if model.startswith("ft:") and model.count(":") >= 1:
-        names.append(model.split(":")[1])
-    if "/" in model:
-        names.append(model.split("/", 1)[1])
-    known = _model_map()
-    for name in names:
-        entry = known.get(name)
-        if isinstance(entry, dict):
-            return entry
-    return None
-
-
-def model_window(model: str) -> int:
-    """The model's input window from litellm's bundled map; 8192 for models it does not know."""
-    if model not in _windows:
-        entry = model_info(model) or {}
-        window = entry.get("max_input_tokens")
-        _windows[model] = int(window) if isinstance(window, int | float) and window > 0 else FALLBACK_WINDOW
-    return _windows[model]
-
-
-def model_prices(model: str) -> dict[str, float | None] | None:
-    """USD per token from litellm's bundled cost map (input, output, cache read, cache write), or None
-    for a model it does not know."""
-    entry = model_info(model)
-    if entry is None or entry.get("input_cost_per_token") is None:
-        return None
-    return {"input": entry.get("input_cost_per_token"), "output": entry.get("output_cost_per_token"),
-            "cache_read": entry.get("cache_read_input_token_cost"),
-            "cache_write": entry.get("cache_creation_input_token_cost")}
