@@ -118,7 +118,7 @@ def print_floor(result: dict[str, Any]) -> None:
         print(f"\nA long run, each in a fresh process: {long_run['sessions']} sessions of "
               f"{long_run['turns']} turns, the history resent every turn, 16 sessions at a time; VmRSS "
               "before and after:\n")
-        servers = [name for name in long_run if isinstance(long_run[name], dict)]
+        servers = [name for name in long_run if isinstance(long_run[name], dict) and name != "resumed"]
         print(table(["server", "requests", "errors", "seconds", "CPU s", "RSS at start MB", "RSS after MB"],
                     [[name, str(long_run[name]["requests"]), str(long_run[name]["errors"]),
                       sig3(long_run[name]["seconds"]), sig3(long_run[name].get("cpu_s")),
