@@ -44,3 +44,17 @@ def test_parse_cpu_seconds_with_a_command_name_holding_spaces_and_parens() -> No
 def test_own_process_reads() -> None:
     assert cpu_seconds(os.getpid()) >= 0
     assert (rss_mb(os.getpid()) or 0) > 1
+
+
+def test_the_floor_report_prints_the_restart_and_the_long_run(capsys) -> None:
+    from bench.report import print_floor
+
+    run = {"requests": 20, "errors": 0, "seconds": 1.0, "cpu_s": 0.5, "rss_start_mb": 100.0, "rss_mb": 120.0}
+    print_floor({"latency": [], "session": {"status": "ran", "sessions": 1, "turns": 2},
+                 "startup": {"ctxproxy": {"cold_start_s": 1.4, "rss_mb": 119.0}},
+                 "long_run": {"sessions": 1, "turns": 20, "ctxproxy": run, "bare forwarder": run,
+                              "resumed": {"size": "2MB", "first_sight_ms": 567.0, "turns_ms": [10.0, 12.0],
+                                          "after_restart_ms": 108.0, "next_ms": [9.19]}}})
+    out = capsys.readouterr().out
+    assert "| 567 | 10.0 / 12.0 | 108 | 9.19 |" in out
+    assert "| ctxproxy | 20 | 0 |" in out and "| bare forwarder | 20 | 0 |" in out
