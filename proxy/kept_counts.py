@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from proxy.tokens import encoding_name_for
+from proxy.tokens import encoding_name_for, tokenizer_version
 
 if TYPE_CHECKING:
     from proxy.state import StateStore
@@ -165,7 +165,8 @@ class KeptCounts:
 
 
 def _family(family: str) -> str:
-    return f"{family}/{RECIPE}"
+    """The family as kept: with our counting recipe and the tokenizer's version (an upgrade starts anew)."""
+    return f"{family}/{RECIPE}/{tokenizer_version(family)}"
 
 
 def keep_at_shutdown(kept: KeptCounts, store: StateStore) -> None:

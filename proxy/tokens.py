@@ -73,6 +73,9 @@ def encoding_name_for(model: str) -> str:
     return "o200k_base"
 
 
+CLAUDE_FILE = "anthropic_tokenizer.json"
+
+
 @cache
 def _encoder(name: str) -> Callable[[str], int]:
     """Return a function counting the tokens of a string for this tokenizer family."""
@@ -80,13 +83,26 @@ def _encoder(name: str) -> Callable[[str], int]:
     if name == "claude":
         from tokenizers import Tokenizer
 
-        tokenizer = Tokenizer.from_file(str(_litellm_resource_dir() / "anthropic_tokenizer.json"))
+        tokenizer = Tokenizer.from_file(str(_litellm_resource_dir() / CLAUDE_FILE))
         return lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)
     encoding = _tiktoken_encoding(name)
     # Counting runs in the Rust core, which holds its own copy of the ranks; the Python dict beside it
     # (~35 MB for o200k) serves only to pickle an unregistered encoding. Harmless if tiktoken changes.
     encoding._mergeable_ranks = {}
     return lambda text: len(encoding.encode_ordinary(text))
+
+
+@cache
+def tokenizer_version(name: str) -> str:
+    """What a tokenizer family's counts depend on besides the text: the library's version (and for
+    Claude's, the size of the file litellm ships), for counts kept across processes."""
+    if name == "claude":
+        import tokenizers
+
+        return f"tokenizers-{tokenizers.__version__}-{(_litellm_resource_dir() / CLAUDE_FILE).stat().st_size}"
+    import tiktoken
+
+    return f"tiktoken-{tiktoken.__version__}"
 
 
 _cache_dir: Path | None = None

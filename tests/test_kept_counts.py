@@ -243,3 +243,13 @@ def test_a_session_continued_after_a_restart_is_not_counted_again(make_proxy, fa
     before, _ = ask(again, messages)
     assert before == TokenCounter().request(messages, None, "gpt-4o")
     assert restored_total(again) >= len(messages) - 2  # every message it held, none counted again
+
+
+def test_counts_kept_under_another_tokenizer_version_are_not_used(tmp_path, monkeypatch):
+    message = {"role": "user", "content": "the same text, another tiktoken"}
+    kept = KeptCounts(tmp_path / "token_counts.db")
+    with monkeypatch.context() as patched:
+        patched.setattr(kept_counts, "tokenizer_version", lambda family: "tiktoken-0.0.1")
+        kept.save([("gpt-4o", message, 99)])
+        assert kept.restore("o200k_base", [message]) == [99]
+    assert kept.restore("o200k_base", [message]) == [None]
