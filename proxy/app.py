@@ -22,6 +22,7 @@ from proxy import collector, commands, heavy, model_summary, pipeline, rounds, t
 from proxy.accounting import Pricing
 from proxy.archive import ArchiveWriter, ExchangeRecord
 from proxy.config import Config
+from proxy.encoders import use_cache_dir
 from proxy.errors import ContextLengthExceeded, CtxProxyError
 from proxy.exchange_end import (
     ctxproxy_headers,
@@ -55,7 +56,7 @@ from proxy.routes import (
 from proxy.session import Session, identify
 from proxy.state import SessionState, StateStore, WouldBlock
 from proxy.store.storage import ArchiveQueries, Storage, open_storage
-from proxy.tokens import TokenCounter, use_cache_dir
+from proxy.tokens import TokenCounter
 from proxy.ui import routes as ui_routes
 from proxy.upstream import ClientDisconnected, Upstream, response_headers, unless_disconnected
 from proxy.wire import Decoded, WireFormat, resent

@@ -162,9 +162,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_pin(args: argparse.Namespace) -> int:
+    from proxy.encoders import use_cache_dir
     from proxy.policy import PolicyStore
     from proxy.store.storage import open_pins
-    from proxy.tokens import TokenCounter, use_cache_dir
+    from proxy.tokens import TokenCounter
 
     config = _config(args)
     use_cache_dir(config.data_dir / "cache")  # a pin is counted: the server's cached ranks load faster

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from proxy.tokens import encoding_name_for, tokenizer_version
+from proxy.encoders import encoding_name_for, tokenizer_version
 
 if TYPE_CHECKING:
     from proxy.state import StateStore

@@ -1,39 +1,27 @@
-"""Token counting. The only module that imports tiktoken (model windows and prices: proxy/model_map.py).
-
-Counts are exact for the encoding that fits the model and work offline: the encodings ship inside
-the litellm package, which we locate without importing it (importing litellm costs ~2.5 s and ~125 MB).
-"""
+"""Token counts of requests, memoised so a request costs what is new in it (the encoders: proxy/encoders.py;
+model windows and prices: proxy/model_map.py)."""
 
 from __future__ import annotations
 
 import functools
 import itertools
-import logging
 import operator
-import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from functools import cache
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from proxy import heavy, parallel, tokenizer_cache
-from proxy.model_map import litellm_dir
+from proxy import heavy, parallel
+from proxy.encoders import _count_message, _encoder, count_messages, count_text, encoding_name_for
 from proxy.token_sums import Summed, extended_total
 
 if TYPE_CHECKING:
     from proxy.kept_counts import KeptCounts
 
-log = logging.getLogger("ctxproxy")
 
-# Per-message overheads as in OpenAI's published counting recipe.
-TOKENS_PER_MESSAGE = 3
-TOKENS_PER_NAME = 1
 REPLY_PRIMING = 3
-IMAGE_TOKENS = 765
 
 # From here a request's uncounted messages are counted across threads (a long history's first sight).
 PARALLEL_MESSAGES = 16
@@ -43,99 +31,9 @@ _CACHE_LIMIT = 200_000
 _CACHE_CHARS = 64 * 1024 * 1024
 
 
-def _litellm_resource_dir() -> Path:
-    package = litellm_dir()
-    if package is None:
-        raise RuntimeError("litellm is not installed; it ships the offline tokenizer files")
-    return package / "litellm_core_utils" / "tokenizers"
-
-
-def _prepare_offline_env() -> None:
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    if "TIKTOKEN_CACHE_DIR" not in os.environ:
-        os.environ["TIKTOKEN_CACHE_DIR"] = str(_litellm_resource_dir())
-
-
-@functools.lru_cache(maxsize=1024)
-def encoding_name_for(model: str) -> str:
-    """Pick the tokenizer family for a model name (provider prefixes are ignored)."""
-    bare = model.rsplit("/", 1)[-1].lower()
-    if bare.startswith("ft:"):
-        bare = bare[3:]
-    if "claude" in bare:
-        return "claude"
-    o200k_prefixes = ("gpt-4o", "gpt-4.1", "gpt-4.5", "gpt-5", "o1", "o3", "o4", "chatgpt-4o", "gpt-oss")
-    if bare.startswith(o200k_prefixes):
-        return "o200k_base"
-    if bare.startswith(("gpt-4", "gpt-3.5", "text-embedding")):
-        return "cl100k_base"
-    # Unknown families (gemini, llama, mistral, ...): o200k is close to their modern vocabularies.
-    return "o200k_base"
-
-
-CLAUDE_FILE = "anthropic_tokenizer.json"
-
-
-@cache
-def _encoder(name: str) -> Callable[[str], int]:
-    """Return a function counting the tokens of a string for this tokenizer family."""
-    _prepare_offline_env()
-    if name == "claude":
-        from tokenizers import Tokenizer
-
-        tokenizer = Tokenizer.from_file(str(_litellm_resource_dir() / CLAUDE_FILE))
-        return lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)
-    encoding = _tiktoken_encoding(name)
-    # Counting runs in the Rust core, which holds its own copy of the ranks; the Python dict beside it
-    # (~35 MB for o200k) serves only to pickle an unregistered encoding. Harmless if tiktoken changes.
-    encoding._mergeable_ranks = {}
-    return lambda text: len(encoding.encode_ordinary(text))
-
-
-@cache
-def tokenizer_version(name: str) -> str:
-    """What a tokenizer family's counts depend on besides the text: the library's version (and for
-    Claude's, the size of the file litellm ships), for counts kept across processes."""
-    if name == "claude":
-        import tokenizers
-
-        return f"tokenizers-{tokenizers.__version__}-{(_litellm_resource_dir() / CLAUDE_FILE).stat().st_size}"
-    import tiktoken
-
-    return f"tiktoken-{tiktoken.__version__}"
-
-
-_cache_dir: Path | None = None
-
-
-def use_cache_dir(folder: Path | None) -> None:
-    """Keep the tokenizers' ranks under `folder` (the server's `<data_dir>/cache`): a faster start."""
-    global _cache_dir
-    _cache_dir = folder
-
-
-def _tiktoken_encoding(name: str) -> Any:
-    """tiktoken's encoding, built from our cached ranks when they check out (proxy/tokenizer_cache.py)."""
-    import tiktoken
-    from tiktoken_ext.openai_public import ENCODING_CONSTRUCTORS
-
-    constructor = ENCODING_CONSTRUCTORS.get(name)
-    if _cache_dir is None or constructor is None:
-        return tiktoken.get_encoding(name)
-    kwargs = tokenizer_cache.load(_cache_dir, name, tiktoken.__version__)
-    if kwargs is not None:
-        try:
-            return tiktoken.Encoding(**kwargs)
-        except (TypeError, ValueError, OverflowError, AssertionError):
-            log.warning("tokenizer cache for %s did not build: rebuilt", name)
-    kwargs = constructor()
-    encoding = tiktoken.Encoding(**kwargs)
-    tokenizer_cache.store(_cache_dir, name, tiktoken.__version__, kwargs)
-    return encoding
-
-
 # By model, then by message object: id -> (the message, its count; holding it, no other has its id).
-Scoped = dict[str, dict[int, tuple[dict[str, Any], int]]]
+ByIdentity = dict[int, tuple[dict[str, Any], int]]
+Scoped = dict[str, ByIdentity]
 _COUNT = operator.itemgetter(1)
 
 
@@ -230,7 +128,7 @@ class TokenCounter:
         return REPLY_PRIMING + total
 
     def _summed(self, messages: list[dict[str, Any]], model: str,
-                scoped: dict[int, tuple[dict[str, Any], int]]) -> int:
+                scoped: ByIdentity) -> int:
         try:  # every message counted before in this scope (a request's later walks): one pass, in C
             return sum(map(_COUNT, map(scoped.__getitem__, map(id, messages))))
         except KeyError:  # (one is not)
@@ -244,12 +142,23 @@ class TokenCounter:
         return sum(map(_COUNT, known)) + sum(self.message(m, model) for m in new)
 
     def _count_across_threads(self, new: list[dict[str, Any]], model: str,
-                              scoped: dict[int, tuple[dict[str, Any], int]]) -> None:
+                              scoped: ByIdentity) -> None:
         """A first sight of a long history: what the memo does not know is counted on every core
         (proxy/parallel.py), into the memo and this request's scope."""
+        todo, sizes = self._unknown(new, model, scoped)
+        if sum(sizes) < PARALLEL_CHARS:
+            return  # (the caller counts them one by one: not worth a hand-over)
+        counted = parallel.map_split(functools.partial(count_messages, family=encoding_name_for(model)),
+                                     [message for message, _ in todo], sizes)
+        self._record(todo, counted, scoped)
+
+    def _unknown(self, messages: list[dict[str, Any]], model: str, scoped: ByIdentity,
+                 ) -> tuple[list[tuple[dict[str, Any], tuple[str, Any]]], list[int]]:
+        """Those of `messages` neither the memo nor (from PARALLEL_CHARS of them) the counts an earlier
+        process kept know, with their memo keys and sizes; the others' counts go into `scoped`."""
         family = encoding_name_for(model)
         todo: list[tuple[dict[str, Any], tuple[str, Any]]] = []
-        for message in new:
+        for message in messages:
             key = (family, _message_key(message))
             if (found := self._memo.get(key)) is not None:
                 scoped[id(message)] = (message, found)
@@ -258,17 +167,15 @@ class TokenCounter:
         sizes = [_rough_chars(message) for message, _ in todo]
         if self.kept is not None and sum(sizes) >= PARALLEL_CHARS:  # (after a restart: known there)
             restored = self.kept.restore(family, [message for message, _ in todo])
-            for (message, key), count in zip(todo, restored, strict=True):
-                if count is not None:
-                    self._remember(key, _key_size(key[1]), count)
-                    scoped[id(message)] = (message, count)
+            self._record([t for t, c in zip(todo, restored, strict=True) if c is not None],
+                         [c for c in restored if c is not None], scoped)
             unknown = [count is None for count in restored]
             todo, sizes = list(itertools.compress(todo, unknown)), list(itertools.compress(sizes, unknown))
-        if sum(sizes) < PARALLEL_CHARS:
-            return  # (the caller counts them one by one: not worth a hand-over)
-        counted = parallel.map_split(functools.partial(count_messages, family=family),
-                                     [message for message, _ in todo], sizes)
-        for (message, key), count in zip(todo, counted, strict=True):
+        return todo, sizes
+
+    def _record(self, todo: list[tuple[dict[str, Any], tuple[str, Any]]], counts: list[int],
+                scoped: ByIdentity) -> None:
+        for (message, key), count in zip(todo, counts, strict=True):
             self._remember(key, _key_size(key[1]), count)
             scoped[id(message)] = (message, count)
 
@@ -317,47 +224,9 @@ def _key_size(key: tuple[Any, ...]) -> int:
     return 64 + sum(len(part) if isinstance(part, str | bytes) else 48 for part in key)
 
 
-def count_text(text: str, family: str) -> int:
-    """Tokens of one text (module-level, so a huge text can be counted in the worker process)."""
-    return _encoder(family)(text)
-
-
-def count_messages(messages: list[dict[str, Any]], family: str) -> list[int]:
-    return [_count_message(message, family) for message in messages]
-
-
 def _rough_chars(message: dict[str, Any]) -> int:
     """About how much text a message holds (to split a history into equal parts)."""
     content = message.get("content")
     return (len(content) if isinstance(content, str) else 1024) + 256 * len(message.get("tool_calls") or ())
 
 
-def _count_message(message: dict[str, Any], family: str) -> int:
-    encoder = _encoder(family)
-
-    def count(text: str) -> int:
-        return heavy.call(count_text, text, family) if len(text) >= heavy.HUGE_CHARS else encoder(text)
-
-    total = TOKENS_PER_MESSAGE + count(str(message.get("role", "")))
-    content = message.get("content")
-    if isinstance(content, str):
-        total += count(content)
-    elif isinstance(content, list):
-        for part in content:
-            if not isinstance(part, dict):
-                continue
-            if isinstance(part.get("text"), str):
-                total += count(part["text"])
-            elif part.get("type") in ("image_url", "input_image", "image"):
-                total += IMAGE_TOKENS
-            else:
-                total += count(orjson.dumps(part).decode())
-    if message.get("name"):
-        total += TOKENS_PER_NAME + count(str(message["name"]))
-    for call in message.get("tool_calls") or ():
-        function = (call.get("function") or {}) if isinstance(call, dict) else {}
-        total += TOKENS_PER_MESSAGE + count(str(function.get("name", ""))) + count(
-            str(function.get("arguments", "")))
-    if message.get("tool_call_id"):
-        total += count(str(message["tool_call_id"]))
-    return total

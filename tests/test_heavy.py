@@ -6,9 +6,10 @@ import os
 
 import pytest
 
-from proxy import heavy, tokens
+from proxy import encoders, heavy
+from proxy.encoders import count_text
 from proxy.summarize import summarize
-from proxy.tokens import TokenCounter, count_text
+from proxy.tokens import TokenCounter
 
 
 def pid_of(text: str) -> int:
@@ -48,7 +49,7 @@ def test_worker_results_equal_inline_results():
 
 def test_the_worker_runs_its_setup_first(tmp_path):
     """The server's worker keeps its tokenizer's ranks where the server does (proxy/tokenizer_cache.py)."""
-    heavy.enable(tokens.use_cache_dir, tmp_path)
+    heavy.enable(encoders.use_cache_dir, tmp_path)
     try:
         assert heavy.call(count_text, "x" * heavy.HUGE_CHARS, "o200k_base") > 0
     finally:

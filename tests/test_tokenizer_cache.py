@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tiktoken_ext import openai_public
 
-from proxy import tokenizer_cache, tokens
+from proxy import encoders, tokenizer_cache
 
 NAME = "p50k_base"  # (a small vocabulary the litellm package ships: quick to build in every test)
 TEXTS = ["", "hello world", "def f(x):\n    return x ** 2  # ünïcødé ✓", "ERROR at src/app.py:42 " * 50]
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def built(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Counts the times tiktoken's own constructor runs (what the cache saves)."""
-    tokens._prepare_offline_env()
+    encoders._prepare_offline_env()
     tiktoken.get_encoding(NAME)  # (tiktoken's own, built once and kept by its registry: the reference)
     calls: list[str] = []
     original = openai_public.ENCODING_CONSTRUCTORS[NAME]
@@ -37,7 +37,7 @@ def built(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         calls.append(NAME)
         return original()
     monkeypatch.setitem(openai_public.ENCODING_CONSTRUCTORS, NAME, counted)
-    monkeypatch.setattr(tokens, "_cache_dir", None)
+    monkeypatch.setattr(encoders, "_cache_dir", None)
     return calls
 
 
@@ -46,8 +46,8 @@ def counts(encoding) -> list[list[int]]:
 
 
 def encoding_from(folder: Path):
-    tokens.use_cache_dir(folder)
-    return tokens._tiktoken_encoding(NAME)
+    encoders.use_cache_dir(folder)
+    return encoders._tiktoken_encoding(NAME)
 
 
 def the_file(folder: Path) -> Path:
@@ -117,8 +117,8 @@ def test_a_folder_that_cannot_be_written_costs_only_time(tmp_path, built, caplog
 
 def test_without_a_folder_nothing_is_written(tmp_path, built, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    tokens.use_cache_dir(None)
-    assert counts(tokens._tiktoken_encoding(NAME)) == counts(tiktoken.get_encoding(NAME))
+    encoders.use_cache_dir(None)
+    assert counts(encoders._tiktoken_encoding(NAME)) == counts(tiktoken.get_encoding(NAME))
     assert not list(tmp_path.iterdir())
 
 

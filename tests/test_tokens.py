@@ -46,7 +46,8 @@ def test_a_scope_sums_what_message_counts_whichever_were_counted_before(texts, d
 
 @given(st.lists(st.text(max_size=300), min_size=1, max_size=12))
 def test_text_counts_are_the_encoders_however_short_and_remembered_by_family(texts: list[str]) -> None:
-    from proxy.tokens import TokenCounter, _encoder, encoding_name_for
+    from proxy.encoders import _encoder, encoding_name_for
+    from proxy.tokens import TokenCounter
 
     counter = TokenCounter()
     for _ in range(2):  # the second time from the memo
@@ -60,7 +61,8 @@ def test_text_counts_are_the_encoders_however_short_and_remembered_by_family(tex
 def test_a_message_counts_as_openais_recipe_says(role: str, content: str, name: str | None) -> None:
     """3 per message, its role, its content, and 1 plus the name when there is one (whatever the role:
     a client may send any string, long ones too)."""
-    from proxy.tokens import TokenCounter, _encoder
+    from proxy.encoders import _encoder
+    from proxy.tokens import TokenCounter
 
     encode = _encoder("o200k_base")
     message = {"role": role, "content": content, **({"name": name} if name is not None else {})}

@@ -1,0 +1,159 @@
+"""Tokenizer families and exact counts of texts and messages. The only module that imports tiktoken.
+
+Counts are exact for the encoding that fits the model and work offline: the encodings ship inside the
+litellm package, which we locate without importing it (importing litellm costs ~2.5 s and ~125 MB). A
+message counts as OpenAI's published recipe says.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from proxy import heavy, tokenizer_cache
+from proxy.model_map import litellm_dir
+
+log = logging.getLogger("ctxproxy")
+
+# Per-message overheads as in OpenAI's published counting recipe.
+TOKENS_PER_MESSAGE = 3
+TOKENS_PER_NAME = 1
+IMAGE_TOKENS = 765
+
+
+def _litellm_resource_dir() -> Path:
+    package = litellm_dir()
+    if package is None:
+        raise RuntimeError("litellm is not installed; it ships the offline tokenizer files")
+    return package / "litellm_core_utils" / "tokenizers"
+
+
+def _prepare_offline_env() -> None:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    if "TIKTOKEN_CACHE_DIR" not in os.environ:
+        os.environ["TIKTOKEN_CACHE_DIR"] = str(_litellm_resource_dir())
+
+
+@functools.lru_cache(maxsize=1024)
+def encoding_name_for(model: str) -> str:
+    """Pick the tokenizer family for a model name (provider prefixes are ignored)."""
+    bare = model.rsplit("/", 1)[-1].lower()
+    if bare.startswith("ft:"):
+        bare = bare[3:]
+    if "claude" in bare:
+        return "claude"
+    o200k_prefixes = ("gpt-4o", "gpt-4.1", "gpt-4.5", "gpt-5", "o1", "o3", "o4", "chatgpt-4o", "gpt-oss")
+    if bare.startswith(o200k_prefixes):
+        return "o200k_base"
+    if bare.startswith(("gpt-4", "gpt-3.5", "text-embedding")):
+        return "cl100k_base"
+    # Unknown families (gemini, llama, mistral, ...): o200k is close to their modern vocabularies.
+    return "o200k_base"
+
+
+CLAUDE_FILE = "anthropic_tokenizer.json"
+
+
+@cache
+def _encoder(name: str) -> Callable[[str], int]:
+    """Return a function counting the tokens of a string for this tokenizer family."""
+    _prepare_offline_env()
+    if name == "claude":
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(_litellm_resource_dir() / CLAUDE_FILE))
+        return lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)
+    encoding = _tiktoken_encoding(name)
+    # Counting runs in the Rust core, which holds its own copy of the ranks; the Python dict beside it
+    # (~35 MB for o200k) serves only to pickle an unregistered encoding. Harmless if tiktoken changes.
+    encoding._mergeable_ranks = {}
+    return lambda text: len(encoding.encode_ordinary(text))
+
+
+@cache
+def tokenizer_version(name: str) -> str:
+    """What a tokenizer family's counts depend on besides the text: the library's version (and for
+    Claude's, the size of the file litellm ships), for counts kept across processes."""
+    if name == "claude":
+        import tokenizers
+
+        return f"tokenizers-{tokenizers.__version__}-{(_litellm_resource_dir() / CLAUDE_FILE).stat().st_size}"
+    import tiktoken
+
+    return f"tiktoken-{tiktoken.__version__}"
+
+
+_cache_dir: Path | None = None
+
+
+def use_cache_dir(folder: Path | None) -> None:
+    """Keep the tokenizers' ranks under `folder` (the server's `<data_dir>/cache`): a faster start."""
+    global _cache_dir
+    _cache_dir = folder
+
+
+def _tiktoken_encoding(name: str) -> Any:
+    """tiktoken's encoding, built from our cached ranks when they check out (proxy/tokenizer_cache.py)."""
+    import tiktoken
+    from tiktoken_ext.openai_public import ENCODING_CONSTRUCTORS
+
+    constructor = ENCODING_CONSTRUCTORS.get(name)
+    if _cache_dir is None or constructor is None:
+        return tiktoken.get_encoding(name)
+    kwargs = tokenizer_cache.load(_cache_dir, name, tiktoken.__version__)
+    if kwargs is not None:
+        try:
+            return tiktoken.Encoding(**kwargs)
+        except (TypeError, ValueError, OverflowError, AssertionError):
+            log.warning("tokenizer cache for %s did not build: rebuilt", name)
+    kwargs = constructor()
+    encoding = tiktoken.Encoding(**kwargs)
+    tokenizer_cache.store(_cache_dir, name, tiktoken.__version__, kwargs)
+    return encoding
+
+
+def count_text(text: str, family: str) -> int:
+    """Tokens of one text (module-level, so a huge text can be counted in the worker process)."""
+    return _encoder(family)(text)
+
+
+def count_messages(messages: list[dict[str, Any]], family: str) -> list[int]:
+    return [_count_message(message, family) for message in messages]
+
+
+def _count_message(message: dict[str, Any], family: str) -> int:
+    encoder = _encoder(family)
+
+    def count(text: str) -> int:
+        return heavy.call(count_text, text, family) if len(text) >= heavy.HUGE_CHARS else encoder(text)
+
+    total = TOKENS_PER_MESSAGE + count(str(message.get("role", "")))
+    content = message.get("content")
+    if isinstance(content, str):
+        total += count(content)
+    elif isinstance(content, list):
+        for part in content:
+            if not isinstance(part, dict):
+                continue
+            if isinstance(part.get("text"), str):
+                total += count(part["text"])
+            elif part.get("type") in ("image_url", "input_image", "image"):
+                total += IMAGE_TOKENS
+            else:
+                total += count(orjson.dumps(part).decode())
+    if message.get("name"):
+        total += TOKENS_PER_NAME + count(str(message["name"]))
+    for call in message.get("tool_calls") or ():
+        function = (call.get("function") or {}) if isinstance(call, dict) else {}
+        total += TOKENS_PER_MESSAGE + count(str(function.get("name", ""))) + count(
+            str(function.get("arguments", "")))
+    if message.get("tool_call_id"):
+        total += count(str(message["tool_call_id"]))
+    return total
