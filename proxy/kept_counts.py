@@ -4,10 +4,10 @@ A first sight of a long history counts every message (~0.2 s for 2 MB, issue 14)
 session the proxy held is a first sight. At shutdown the counts of the sessions in memory are written to
 `<data_dir>/cache/token_counts.db` (SQLite, 0600 in the 0700 cache folder, as the tokenizer's ranks beside
 it); a later first sight looks its messages up there before it counts. A key is a SHA-256 of exactly what
-a message's count reads (its role, content, name, tool calls and call id) with the tokenizer family: no
-text is stored, and two messages share a key only when they count the same. A cache: anything wrong with
-the file only costs the counting it would have saved (it is logged and set aside), and a proxy killed
-without its shutdown keeps what the last clean one wrote.
+a message's count reads (its role, content, name, tool calls and call id), beside the tokenizer and its
+version: no text is stored, and two messages share a key only when they count the same. A cache: anything
+wrong with the file only costs the counting it would have saved (it is logged and set aside), and a proxy
+killed without its shutdown keeps what the last clean one wrote.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("ctxproxy")
 
 FILE_NAME = "token_counts.db"
-RECIPE = "1"  # bump when tokens._count_message changes what a message counts
+RECIPE = "1"  # bump when encoders._count_message changes what a message counts
 MAX_ROWS = 500_000  # ~40 MB: the newest counts of ~400 sessions of 2 MB
 SAVE_SECONDS = 3.0  # at most about this long at shutdown (the sessions used last first)
 _CHUNK = 500  # keys per lookup query (well under SQLite's variable limit)
@@ -41,7 +41,7 @@ _SAVE_CHUNK = 10_000  # rows per transaction at shutdown (~0.1 s each: the deadl
 
 def message_digest(message: dict[str, Any]) -> bytes | None:
     """A stable key for a message's count (Python's own string hashes change from process to process):
-    the fields tokens._count_message reads, serialized. None for what cannot be serialized (a lone
+    the fields encoders._count_message reads, serialized. None for what cannot be serialized (a lone
     surrogate in a text, which JSON cannot carry): such a message is counted, never kept."""
     try:
         fields = orjson.dumps([message.get("role"), message.get("content"), message.get("name"),
