@@ -36,6 +36,7 @@ RECIPE = "1"  # bump when encoders._count_message changes what a message counts
 MAX_ROWS = 500_000  # ~40 MB: the newest counts of ~400 sessions of 2 MB
 SAVE_SECONDS = 3.0  # at most about this long at shutdown (the sessions used last first)
 _CHUNK = 500  # keys per lookup query (well under SQLite's variable limit)
+PROBE = 16  # messages looked up first
 _SAVE_CHUNK = 10_000  # rows per transaction at shutdown (~0.1 s each: the deadline is checked between)
 
 
@@ -62,7 +63,18 @@ class KeptCounts:
         self._lock = threading.Lock()
 
     def restore(self, family: str, messages: list[dict[str, Any]]) -> list[int | None]:
-        """The kept count of each message, None where there is none."""
+        """The kept count of each message, None where there is none. A few of the newest (but the last
+        two, new in a continued session) are looked up first: a history none of them was kept for is
+        not looked up further (a new one: ~11 ms saved at 2 MB)."""
+        probe = messages[-PROBE - 2:-2] if len(messages) > PROBE + 2 else []
+        if probe and all(count is None for count in self._lookup(family, probe)):
+            return [None] * len(messages)
+        counts = self._lookup(family, messages)
+        if self._on_restored is not None:
+            self._on_restored(sum(count is not None for count in counts))
+        return counts
+
+    def _lookup(self, family: str, messages: list[dict[str, Any]]) -> list[int | None]:
         digests = [message_digest(message) for message in messages]
         wanted = [digest for digest in digests if digest is not None]
         found: dict[bytes, int] = {}
@@ -79,10 +91,7 @@ class KeptCounts:
             except sqlite3.Error as exc:
                 self._set_aside(exc)
                 return [None] * len(messages)
-        counts = [None if digest is None else found.get(digest) for digest in digests]
-        if self._on_restored is not None and found:
-            self._on_restored(sum(count is not None for count in counts))
-        return counts
+        return [None if digest is None else found.get(digest) for digest in digests]
 
     def save(self, counted: Iterable[tuple[str, dict[str, Any], int]], deadline: float | None = None) -> int:
         """Keep these (model, message, count) triples, in that order, till `deadline` (a time.monotonic()

@@ -75,16 +75,31 @@ def test_counts_kept_for_one_tokenizer_are_not_used_for_another(tmp_path):
 
 
 def test_a_history_partly_kept_counts_only_the_rest(tmp_path, monkeypatch):
+    """A continued session: its older messages kept, the newest (since the restart) not."""
     messages = history()
     kept = KeptCounts(tmp_path / "token_counts.db")
-    kept.save(("gpt-4o", m, c) for m, c in zip(messages[:30], exact(messages[:30]), strict=True))
+    kept.save(("gpt-4o", m, c) for m, c in zip(messages[:-3], exact(messages[:-3]), strict=True))
     counter = TokenCounter()
     counter.kept = kept
     seen: list[int] = []
     real, total = tokens._count_message, 3 + sum(exact(messages))
     monkeypatch.setattr(tokens, "_count_message", lambda m, f: seen.append(id(m)) or real(m, f))
     assert counted_once(counter, messages) == total
-    assert set(seen) == {id(m) for m in messages[30:]}
+    assert set(seen) == {id(m) for m in messages[-3:]}
+
+
+def test_a_history_whose_newest_were_not_kept_is_looked_up_no_further(tmp_path, monkeypatch):
+    """A new history (only its opening shared with a kept one): the probe of its newest messages finds
+    nothing, and the rest is not looked up."""
+    messages = history()
+    kept = KeptCounts(tmp_path / "token_counts.db")
+    kept.save(("gpt-4o", m, c) for m, c in zip(messages[:30], exact(messages[:30]), strict=True))
+    asked: list[int] = []
+    real = KeptCounts._lookup
+    monkeypatch.setattr(KeptCounts, "_lookup", lambda self, family, ms: asked.append(len(ms)) or real(
+        self, family, ms))
+    assert kept.restore("o200k_base", messages) == [None] * len(messages)
+    assert asked == [kept_counts.PROBE]
 
 
 def test_the_file_is_the_users_alone(tmp_path):
