@@ -75,8 +75,12 @@ def loads(raw: bytes) -> Any:
     can name the field. Deep nesting and every parse failure is a 400, never an exception."""
     try:
         return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        pass
+    except orjson.JSONDecodeError as exc:
+        # Past orjson's depth limit the stdlib would recurse ~1,000 frames deep, where a finalizer the
+        # garbage collector runs cannot run (an "exception ignored"): refused here.
+        if str(exc).startswith("depth limit exceeded"):
+            raise BadRequest(f"request body is nested too deeply (more than {MAX_DEPTH} levels)",
+                             code="invalid_json") from None
     try:
         # surrogatepass: UTF-8-encoded surrogates decode to lone surrogates, which the walk below names.
         text = bytes(raw).decode("utf-8", "surrogatepass")

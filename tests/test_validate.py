@@ -137,6 +137,18 @@ def test_deep_nesting_is_a_400_at_any_depth(depth):
         assert error.param == "extra"
 
 
+def test_nesting_past_orjsons_limit_is_refused_without_the_recursive_parse(monkeypatch):
+    """The stdlib's parser recurses once a level: at ~1,000 levels a finalizer the garbage collector runs
+    down there cannot run (an "exception ignored" at best). orjson's own depth error settles it."""
+    from proxy import validate
+
+    monkeypatch.setattr(validate.json, "loads", lambda *a, **k: pytest.fail("the recursive parse ran"))
+    deep = b"[" * 5000 + b"]" * 5000
+    raw = b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}], "extra": ' + deep + b"}"
+    error = _error(raw)
+    assert error.code == "invalid_json" and "nested too deeply" in str(error)
+
+
 @pytest.mark.parametrize(("field", "wrap", "param"), [
     ("content", lambda d: [{"type": "x", "data": d}], "messages[0].content[0].data"),
     ("extra", lambda d: d, "messages[0].extra"),
