@@ -22,7 +22,6 @@ from proxy import collector, commands, heavy, model_summary, pipeline, rounds, t
 from proxy.accounting import Pricing
 from proxy.archive import ArchiveWriter, ExchangeRecord
 from proxy.config import Config
-from proxy.encoders import use_cache_dir
 from proxy.errors import ContextLengthExceeded, CtxProxyError
 from proxy.exchange_end import (
     ctxproxy_headers,
@@ -33,9 +32,8 @@ from proxy.exchange_end import (
     spend_recorder,
 )
 from proxy.internal_tools import ToolContext
-from proxy.kept_counts import FILE_NAME, KeptCounts, keep_at_shutdown
+from proxy.kept_counts import keep_at_shutdown
 from proxy.metrics import Metrics
-from proxy.model_map import model_window
 from proxy.offload import INLINE_BYTES, INLINE_FRESH_BYTES, off_loop_if_large
 from proxy.pins import PinStore
 from proxy.policy import LoadedPolicy, PolicyStore
@@ -56,7 +54,7 @@ from proxy.routes import (
 from proxy.session import Session, identify
 from proxy.state import SessionState, StateStore, WouldBlock
 from proxy.store.storage import ArchiveQueries, Storage, open_storage
-from proxy.tokens import TokenCounter
+from proxy.tokens import TokenCounter, server_counter, warm_up
 from proxy.ui import routes as ui_routes
 from proxy.upstream import ClientDisconnected, Upstream, response_headers, unless_disconnected
 from proxy.wire import Decoded, WireFormat, resent
@@ -317,16 +315,6 @@ async def refused(state: ProxyState, wire: WireFormat, decoded: Decoded, policy:
                     media_type="application/json")
 
 
-def warm_up(tokens: TokenCounter, policies: PolicyStore) -> None:
-    """Load encodings (and litellm's window map when a policy needs it) before the first request."""
-    tokens.warm()
-    for name in policies.names():
-        budget = policies.get(name).policy.budget
-        if budget.enabled and budget.max_input_tokens is None:
-            model_window("gpt-4o")
-            break
-
-
 def upstreams(config: Config) -> dict[str, Upstream]:
     """One upstream per provider; chat completions and Responses share OpenAI's."""
     openai = Upstream(config.upstream, config.upstream_api_key())
@@ -345,12 +333,9 @@ def build_app(config: Config, *, settle_collector: bool = False) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        tokens = TokenCounter()
-        use_cache_dir(cache := config.data_dir / "cache")  # the tokenizers' ranks, quick to load
-        await anyio.to_thread.run_sync(warm_up, tokens, policies)
-        heavy.enable(use_cache_dir, cache)  # huge texts: in a worker process, which reads the same cache
         metrics = Metrics()
-        kept = tokens.kept = KeptCounts(cache / FILE_NAME, on_restored=metrics.counts_restored.inc)
+        tokens = server_counter(config.data_dir / "cache", on_restored=metrics.counts_restored.inc)
+        await anyio.to_thread.run_sync(warm_up, tokens, policies)
         storage = await anyio.to_thread.run_sync(lambda: open_storage(
             config, tokens, pricing=Pricing(config.prices()), on_exchange=on_archived(metrics)))
         archive, reader = storage.writer, storage.reader
@@ -376,7 +361,7 @@ def build_app(config: Config, *, settle_collector: bool = False) -> Starlette:
                 await upstream.aclose()
             await telemetry.stop(app.state.telemetry)  # flushes the spans not exported yet
             heavy.shutdown()
-            await anyio.to_thread.run_sync(keep_at_shutdown, kept, app.state.proxy.store)
+            await anyio.to_thread.run_sync(keep_at_shutdown, tokens.kept, app.state.proxy.store)
             storage.close()
 
     chat_methods = ["POST"]

@@ -178,8 +178,10 @@ def _family(family: str) -> str:
     return f"{family}/{RECIPE}/{tokenizer_version(family)}"
 
 
-def keep_at_shutdown(kept: KeptCounts, store: StateStore) -> None:
+def keep_at_shutdown(kept: KeptCounts | None, store: StateStore) -> None:
     """Write the counts the sessions in memory carry (state.counted), the one used last first."""
+    if kept is None:
+        return
     written = kept.save(counted_in(store), deadline=monotonic() + SAVE_SECONDS)
     kept.close()
     if written:
@@ -187,7 +189,7 @@ def keep_at_shutdown(kept: KeptCounts, store: StateStore) -> None:
 
 
 def counted_in(store: StateStore) -> Iterator[tuple[str, dict[str, Any], int]]:
-    for state in store.states():
+    for state in reversed(store.states()):  # (the one used last first)
         for model, by_id in list(state.counted.items()):
             for message, count in list(by_id.values()):  # (copies: made in C, whole)
                 yield model, message, count

@@ -178,14 +178,10 @@ class StateStore:
     def cached_bytes(self) -> int:
         return self._bytes
 
-    @property
-    def cached_sessions(self) -> int:
-        return len(self._sessions)
-
     def states(self) -> list[SessionState]:
-        """The sessions held in memory, the one used last first."""
+        """The sessions held in memory, the one used least recently first."""
         with self._lock:
-            return list(reversed(self._sessions.values()))
+            return list(self._sessions.values())
 
     def get(self, tenant: str, session_id: str) -> SessionState:
         key = (tenant, session_id)
@@ -387,8 +383,7 @@ class StateStore:
         archived = self._archived(tenant, session_id, handle)
         if archived is not None:
             return archived
-        with self._lock:
-            others = [s for (t, _), s in self._sessions.items() if t == tenant]
+        others = [state for state in self.states() if state.tenant == tenant]
         for state in others:
             if handle in state.by_handle:
                 return state.by_handle[handle]

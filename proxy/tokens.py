@@ -9,17 +9,26 @@ import operator
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from proxy import heavy, parallel
-from proxy.encoders import _count_message, _encoder, count_messages, count_text, encoding_name_for
+from proxy.encoders import (
+    _count_message,
+    _encoder,
+    count_messages,
+    count_text,
+    encoding_name_for,
+    use_cache_dir,
+)
+from proxy.kept_counts import FILE_NAME, KeptCounts
+from proxy.model_map import model_window
 from proxy.token_sums import Summed, extended_total
 
 if TYPE_CHECKING:
-    from proxy.kept_counts import KeptCounts
-
+    from proxy.policy import PolicyStore
 
 REPLY_PRIMING = 3
 
@@ -192,6 +201,26 @@ class TokenCounter:
 
     def request(self, messages: list[dict[str, Any]], tools: list[Any] | None, model: str) -> int:
         return self.messages(messages, model) + self.tools(tools, model)
+
+
+def server_counter(cache: Path, on_restored: Callable[[int], object] | None = None) -> TokenCounter:
+    """A server's counter: tokenizer ranks cached in `cache` (a quick start), huge texts counted in the
+    worker process (which reads the same cache), counts kept across restarts beside them."""
+    use_cache_dir(cache)
+    heavy.enable(use_cache_dir, cache)
+    tokens = TokenCounter()
+    tokens.kept = KeptCounts(cache / FILE_NAME, on_restored=on_restored)
+    return tokens
+
+
+def warm_up(tokens: TokenCounter, policies: PolicyStore) -> None:
+    """Load encodings (and litellm's window map when a policy needs it) before the first request."""
+    tokens.warm()
+    for name in policies.names():
+        budget = policies.get(name).policy.budget
+        if budget.enabled and budget.max_input_tokens is None:
+            model_window("gpt-4o")
+            break
 
 
 INLINE_KEY = 128  # a shorter text is its own memo key

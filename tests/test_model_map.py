@@ -29,7 +29,7 @@ def test_the_server_never_imports_litellm():
     code = ("import sys, proxy.app, proxy.cli\n"
             "from proxy.tokens import TokenCounter\nfrom proxy.model_map import model_window, model_prices\n"
             "TokenCounter().warm(); model_window('gpt-4o'); model_prices('gpt-4o')\n"
-            "from proxy.app import warm_up\n"
+            "from proxy.tokens import warm_up\n"
             "print('litellm' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
