@@ -156,7 +156,7 @@ def run(args: argparse.Namespace, workdir: Path, started: list[Service]) -> dict
         if quick else {"small": 30, "stream": 20, "history_500KB": 5, "small_by_route": 50,
                        "stream_by_route": 20}
     total = args.requests or (300 if quick else 2000)
-    turns, sessions = (3, 1) if quick else (8, 3)
+    turns, sessions = (3, 1) if quick else (16, 4)
 
     fake = start_fake(workdir)
     started.append(fake)

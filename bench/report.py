@@ -93,7 +93,8 @@ def print_floor(result: dict[str, Any]) -> None:
     if session:
         print(f"\nsession_*: one real mini-swe-agent session ({session['status']}), {session['sessions']} "
               f"session(s) of {session['turns']} consecutive turns from each size, own x-ctxproxy-session "
-              "per target; *_ttfb: time to the first byte of the stream")
+              "per target; *_continued: the same turns but each session's first (the proxy's first sight "
+              "of a long history: it reads all of it once); *_ttfb: time to the first byte of the stream")
     cpu = result.get("cpu") or []
     if cpu:
         print("\nServer CPU (utime+stime from /proc, read once the process is quiet), small requests:\n")

@@ -74,7 +74,9 @@ def replay(send: Callable[[str, bytes, dict[str, str] | None], float], targets: 
                                                                     dict[str, dict[str, int]]]:
     """For each size, `sessions` sessions of its turns; each turn goes to every target, in shuffled order,
     each target under its own session id. `send(url, body, headers)` returns milliseconds.
-    Returns samples and errors, by scenario (`session_<size>`) and target name."""
+    Returns samples and errors, by scenario and target name: `session_<size>` every turn, and
+    `session_<size>_continued` all but each session's first (the proxy's first sight of a long history,
+    which reads all of it: what a session that grew turn by turn through the proxy never pays)."""
     targets = list(targets)
     samples: dict[str, dict[str, list[float]]] = {}
     errors: dict[str, dict[str, int]] = {}
@@ -82,16 +84,22 @@ def replay(send: Callable[[str, bytes, dict[str, str] | None], float], targets: 
         scenario = f"session_{label}"
         rng = random.Random(scenario)
         got = samples[scenario] = {t.name: [] for t in targets}
+        continued = samples[f"{scenario}_continued"] = {t.name: [] for t in targets}
         failed = errors[scenario] = dict.fromkeys(got, 0)
+        errors[f"{scenario}_continued"] = failed
         for _ in range(sessions):
             ids = {t.name: f"bench-{label}-{uuid.uuid4().hex[:12]}" for t in targets}
             order = list(targets)
-            for body in turns:
+            for turn, body in enumerate(turns):
                 rng.shuffle(order)
                 for target in order:
                     headers = {**(target.headers or {}), "x-ctxproxy-session": ids[target.name]}
                     try:
-                        got[target.name].append(send(target.url, body, headers))
+                        ms = send(target.url, body, headers)
                     except Exception:  # any failure is counted and reported as an error
                         failed[target.name] += 1
+                        continue
+                    got[target.name].append(ms)
+                    if turn:
+                        continued[target.name].append(ms)
     return samples, errors
