@@ -86,7 +86,7 @@ def replay(send: Callable[[str, bytes, dict[str, str] | None], float], targets: 
         got = samples[scenario] = {t.name: [] for t in targets}
         continued = samples[f"{scenario}_continued"] = {t.name: [] for t in targets}
         failed = errors[scenario] = dict.fromkeys(got, 0)
-        errors[f"{scenario}_continued"] = failed
+        failed_later = errors[f"{scenario}_continued"] = dict.fromkeys(got, 0)
         for _ in range(sessions):
             ids = {t.name: f"bench-{label}-{uuid.uuid4().hex[:12]}" for t in targets}
             order = list(targets)
@@ -98,6 +98,7 @@ def replay(send: Callable[[str, bytes, dict[str, str] | None], float], targets: 
                         ms = send(target.url, body, headers)
                     except Exception:  # any failure is counted and reported as an error
                         failed[target.name] += 1
+                        failed_later[target.name] += int(turn > 0)
                         continue
                     got[target.name].append(ms)
                     if turn:
