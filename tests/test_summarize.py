@@ -460,7 +460,8 @@ DEF_PIECES = ["export ", "default ", "async ", "function ", "abstract ", "class 
               "enum ", "type ", "impl", "func ", "pub ", "pub(crate) ", "unsafe ", "const ", 'extern "C" ',
               "fn ", "struct ", "trait ", "mod ", "module ", "let ", "var ", "public ", "static ", "record ",
               "typedef ", "def ", "int ", "main", "Foo", "<T>", "(", ")", "(int a, char *b)", " {", ";",
-              " = ", "=> ", "x", "  ", "\t", "if ", "return ", "void ", "*", "&", ":", "~Bar", "functional "]
+              " = ", "=> ", "x", "  ", "\t", "if ", "return ", "void ", "*", "&", ":", "~Bar", "functional ",
+              " const", ") const {", "\u3000", "_x", "\xe9", "ty", "de"]
 
 
 @settings(max_examples=2000, deadline=None)

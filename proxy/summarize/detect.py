@@ -8,7 +8,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from .common import has_error_word, share_at_least
+from .common import ERR_WORDS, has_error_word, joined, lines_with
 
 SCAN_LINES = 2000  # kind detection reads the start only: enough to classify, bounded cost
 
@@ -37,6 +37,16 @@ DEF_WORDS_RE = re.compile(
 # C-like "type name(args) {" at column 0 (input cut to 300 chars first, so backtracking stays cheap).
 C_FN_RE = re.compile(r"(?!(?:if|for|while|switch|return|else|do|case)\b)[A-Za-z_][\w*&:<>, ]*[ *&]"
                      r"[A-Za-z_~][\w:~]*\s*\([^;]*\)\s*(?:const\s*)?\{?\s*$")
+# DEF_WORDS_RE opens (after blanks) with one of its words: their first two letters, told with a set lookup.
+_DEF_OPENINGS = frozenset(word[:2] for word in DEF_WORDS_RE.pattern.split("(?:", 1)[1].split(")", 1)[0]
+                          .split("|"))
+# CODE_LINE_RE's second branch after the blanks it opens with (none of its words opens with a blank).
+_CODE_START_RE = re.compile(CODE_LINE_RE.pattern.split(r"|^\s*", 1)[1])
+# A C-like signature ends so (C_FN_RE's tail, blanks stripped).
+_C_FN_ENDS = (")", "{", "const")
+_C_FN_OPENS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")
+# Every line LEVEL_RE finds holds one of these.
+_LEVEL_HINTS = ("TRACE", "DEBUG", "INFO", "NOTICE", "WARN", "ERR", "FATAL", "CRITICAL", "PANIC", "level")
 PY_HINT_RE = re.compile(r"^[ \t]*(?:(?:async[ \t]+)?def|class|import|from)[ \t]", re.M)
 SHELL_RE = re.compile(r"(?<![a-z])(?:bash|shell|exec|run|command|terminal|cmd)(?![a-z])", re.I)
 FUNCS = ast.FunctionDef | ast.AsyncFunctionDef
@@ -68,9 +78,13 @@ def _strip_gutter(lines: list[str]) -> tuple[list[str], int]:
 
 def _is_def(line: str) -> bool:
     head = line[:300]
-    # Cheap necessary conditions first: every DEF_RE branch opens with one of DEF_WORDS, and a C-like
-    # signature has its parentheses.
-    return bool((DEF_WORDS_RE.match(head) and DEF_RE.match(head)) or ("(" in head and C_FN_RE.match(head)))
+    # Cheap necessary conditions first: every DEF_RE branch opens with one of DEF_WORDS (an alternation of
+    # 37 words is slow to fail even where anchored: their first two letters are looked up first), and a C-like
+    # signature opens with a letter and ends with its parenthesis (a regex that backtracks over the line
+    # is tried only then).
+    return bool((head.lstrip()[:2] in _DEF_OPENINGS and DEF_WORDS_RE.match(head) and DEF_RE.match(head))
+                or (head[:1] in _C_FN_OPENS and head.rstrip().endswith(_C_FN_ENDS) and "(" in head
+                    and C_FN_RE.match(head)))
 
 
 def _looks_like_code(sample: list[str]) -> bool:
@@ -80,13 +94,50 @@ def _looks_like_code(sample: list[str]) -> bool:
     for line in sample:
         left -= 1
         is_def = _is_def(line)
-        if is_def or CODE_LINE_RE.search(line[:300]):
+        if is_def or _code_line(line[:300]):
             code, defs = code + 1, defs + is_def
             if code * 10 >= n * 6 or (defs and code * 10 >= n * 4):
                 return True
         elif (code + left) * 10 < n * 4:
             return False
     return False
+
+
+def _code_line(head: str) -> bool:
+    """`CODE_LINE_RE.search(head)` without a search from every position: its first branch is a line whose
+    last non-blank is one of `{};:`, its second is anchored (str.strip and the regex's \\s agree on what a
+    blank is, and `head` holds no line break)."""
+    last = head.rstrip()[-1:]
+    return (last != "" and last in "{};:") or _CODE_START_RE.match(head.lstrip()) is not None
+
+
+def _log_lines(sample: list[str]) -> int:
+    """How many lines of `sample` are log lines (_is_log_line): a level is looked for only in the lines that
+    hold one of its words, a time only in those with a colon in the right place."""
+    heads = [line[:80] for line in sample]
+    text, starts = joined(heads)
+    levels = {i for i in lines_with(text, _LEVEL_HINTS, starts) if LEVEL_RE.search(heads[i])}
+    times = {i for i in lines_with(text, (":",), starts) if i not in levels and _has_time(heads[i][:40])}
+    return len(levels) + len(times)
+
+
+def _has_time(head: str) -> bool:
+    """`TS_RE.search(head)`, tried only where a colon has two digits on each side (both branches hold that:
+    the regex alone tries every position)."""
+    colon = head.find(":", 2)
+    while colon != -1:
+        if head[colon - 2:colon].isdigit() and head[colon + 1:colon + 3].isdigit() and len(head) >= colon + 3:
+            return TS_RE.search(head) is not None
+        colon = head.find(":", colon + 1)
+    return False
+
+
+def _error_lines(sample: list[str]) -> int:
+    """How many lines of `sample` hold an error word (has_error_word)."""
+    text, starts = joined(sample)
+    if text.isascii():  # (as has_error_word: there, the lower-cased text holds the words themselves)
+        return len(lines_with(text.lower(), ERR_WORDS, starts))
+    return sum(map(has_error_word, sample))
 
 
 def _is_log_line(line: str) -> bool:
@@ -119,11 +170,11 @@ def _analyze(text: str, tool_name: str | None = None) -> _Analysis:
         pass
     sample = [c for c in content[:SCAN_LINES] if c.strip()]
     kind = "text"
-    if sample and share_at_least(sample, _is_log_line, 3):
+    if sample and _log_lines(sample) * 10 >= len(sample) * 3:
         kind = "log"
     elif len(sample) >= 3 and not (tool_name and SHELL_RE.search(tool_name)):
         # Shell output is a log even with braces in it; a .py read through a shell already hit "python".
         kind = "code" if _looks_like_code(sample) else kind
-    if kind == "text" and sample and share_at_least(sample, has_error_word, 2):
+    if kind == "text" and sample and _error_lines(sample) * 10 >= len(sample) * 2:
         kind = "log"
     return _Analysis(kind, lines, content=content, offset=offset, json_error=json_error)

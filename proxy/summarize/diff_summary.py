@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from .common import LINE_W, _clip, _plural, _Sec
+from .common import LINE_W, _clip, _plural, _Sec, joined
 from .detect import _Analysis
 from .salient import STRONG_RE
 from .text_summary import _lines_summary
@@ -16,13 +16,16 @@ PLAIN_FILE_RE = re.compile(r"^(?:--- |\+\+\+ )\S")
 HUNK_RE = re.compile(r"^@@+ ")
 COMMIT_RE = re.compile(r"^(?:commit [0-9a-f]{7,64}\b|Merge: |Author: |Date: |[0-9a-f]{7,40} \S)")
 DETECT_RE = re.compile(r"^(?:diff --git |commit [0-9a-f]{7,64}\b|@@ -\d+(?:,\d+)? \+\d+)")
+# Over many lines at once (common.joined): at most one match a line, none across lines.
+_DETECT_M = re.compile(r"\n(?:diff --git |commit [0-9a-f]{7,64}\b|@@ -\d+(?:,\d+)? \+\d+)")
+_OPENS_M = re.compile(r"\n(?:diff --git |commit )")
 SCAN = 2000
 
 
 def is_diff(lines: list[str]) -> bool:
-    hits = sum(bool(DETECT_RE.match(line)) for line in lines[:SCAN])
-    return hits >= 1 and (any(line.startswith(("diff --git ", "commit ")) for line in lines[:SCAN])
-                          or hits >= 2)
+    head = joined(lines[:SCAN])[0]
+    hits = len(_DETECT_M.findall(head))
+    return hits >= 1 and (_OPENS_M.search(head) is not None or hits >= 2)
 
 
 def diff_summary(an: _Analysis, text: str, max_chars: int, cap: int | None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from .common import ERR_W, _clip, _Sec
+from .common import ERR_W, _clip, _Sec, joined
 from .detect import _Analysis
 from .text_summary import _lines_summary
 
@@ -14,12 +14,17 @@ RESULT_RE = re.compile(r"^=+ .*\b(?:passed|failed|error|errors|skipped|xfailed|n
                        r"|^\d+ (?:passed|failed)\b|^(?:ok|FAIL|PASS)\s+\S+\s+[\d.]+s$")
 FAILED_RE = re.compile(r"^(?:FAILED|ERROR) \S+|^(?:FAIL|ERROR): \w+ \(|^_{3,} .+ _{3,}$|^--- FAIL: ")
 SESSION_RE = re.compile(r"^=+ test session starts =+$")
+# Every line those two match starts so, after blanks (a cheap pass over all the lines at once first).
+_RESULT_START_M = re.compile(r"\n\s*+(?:=+ |Ran \d|FAILED \(|OK|Tests?: |test result: |\d+ (?:passed|failed)"
+                             r"|(?:ok|FAIL|PASS)\s)")
 TAIL_SCAN = 200  # result lines are at the end; failures listed at the top are found by the full scan
 CLIP = 500  # result and failure lines are short: matching a clipped line keeps the regexes linear
 
 
 def is_test_run(lines: list[str]) -> bool:
     ends = lines[:50] + lines[-TAIL_SCAN:]
+    if not _RESULT_START_M.search(joined(ends)[0]):
+        return False
     return any(SESSION_RE.match(line[:CLIP]) or RESULT_RE.match(line[:CLIP].strip()) for line in ends)
 
 

@@ -7,11 +7,11 @@ they consume, so the work stays linear even on a megabyte-long line.
 
 from __future__ import annotations
 
-import bisect
+import itertools
 import re
 from collections.abc import Iterable
 
-from .common import ERR_W, MAX_ERR, VALUE_W, _clip, _Sec
+from .common import ERR_W, MAX_ERR, VALUE_W, _clip, _Sec, joined, lines_with, matching_lines
 
 # Strong: the line reports a failure. Weak: worth a look, but repeated warnings must not crowd out errors.
 # Identifiers ending in error/exception (HTTPError, should_error) are error handling too. `(?<=\w)error`
@@ -22,6 +22,8 @@ WEAK_RE = re.compile(r"(?i)warn|denied|refused|timeout|timed out|\bassert\b")
 # Python frames, and pytest's "src/x.py:41: in parse" / "tests/t.py:12: ValueError" (a whole line: a
 # warning "x.py:3: DeprecationWarning: …" is not a frame).
 FRAME_RE = re.compile(r'^\s*File "[^"]*", line \d+|^[\w./\\-]+\.\w+:\d+: (?:in \S+|\w+)\s*$')
+_FRAME_M = re.compile(  # FRAME_RE over many lines at once (common.joined)
+    r'\n[^\S\n]*+File "[^"\n]*", line \d+|\n[\w./\\-]+\.\w+:\d+: (?:in \S+|\w+)[^\S\n]*$', re.M)
 TB_RE = re.compile(r"Traceback \(most recent call last\):")
 _STRONG_M, _WEAK_M = (re.compile(p.pattern, re.M) for p in (STRONG_RE, WEAK_RE))  # over many lines at once
 # Every match of STRONG_RE / WEAK_RE contains one of these (lower-cased): the cheap first pass.
@@ -35,6 +37,8 @@ FILE_RE = re.compile(r"(?<![\w./@+-])[\w@+-][\w.@+-]*\.(?:py|pyi|pyx|js|mjs|ts|t
                      r"|hpp|rb|php|cs|kt|swift|sh|yaml|yml|json|toml|cfg|ini|txt|md|rst|html|css|sql|lock"
                      r"|xml|csv|log|in|tex|svg|png|conf|bat|mk|ipynb|pkl|enc)(?![\w/@+-])")
 ID_RE = re.compile(r"(?<![\w/-])(?=[\w-]*\d)(?=[\w-]*[A-Za-z])[A-Za-z0-9][\w-]{3,63}(?![\w/-])")
+# Every FILE_RE match ends so: a literal-led pattern, which sre finds without trying every position.
+_EXTENSION_RE = re.compile(r"\.(?:" + FILE_RE.pattern.split(r"\.(?:", 1)[1])
 URL_RE = re.compile(r"(?<![a-z0-9+.-])[a-z][a-z0-9+.-]{0,30}://[^\s\"'<>()]+")
 _DIGIT = re.compile(r"\d").search  # every ID_RE match has one
 MAX_TOKENS = 5000  # distinct paths or ids collected; the rest is counted, bounded memory on huge inputs
@@ -43,23 +47,23 @@ MAX_TOKENS = 5000  # distinct paths or ids collected; the rest is counted, bound
 def flag_lines(lines: list[str]) -> tuple[list[int], list[int]]:
     """(strong, weak) line indices: error lines, traceback frames with their source line and the exception
     line that ends a traceback (e.g. "KeyboardInterrupt", which names no error)."""
-    joined = "\n".join(lines)  # one regex pass over the text instead of three searches per line
-    starts = [0]
-    for line in lines:
-        starts.append(starts[-1] + len(line) + 1)
-    lowered = joined.lower()
-    if len(lowered) == len(joined):  # (lower() keeps offsets, but for a few characters such as "İ")
-        strong_at = {i for i in _lines_with(lowered, STRONG_WORDS, starts) if STRONG_RE.search(lines[i])}
-        weak_at = {i for i in _lines_with(lowered, WEAK_WORDS, starts) if WEAK_RE.search(lines[i])}
+    text, starts = joined(lines)  # one regex pass over the text instead of four searches per line
+    lowered = text.lower()
+    if len(lowered) == len(text):  # (lower() keeps offsets, but for a few characters such as "İ")
+        strong_at = {i for i in lines_with(lowered, STRONG_WORDS, starts) if STRONG_RE.search(lines[i])}
+        weak_at = {i for i in lines_with(lowered, WEAK_WORDS, starts) if WEAK_RE.search(lines[i])}
     else:
-        strong_at = _lines_matching(_STRONG_M, joined, starts)
-        weak_at = _lines_matching(_WEAK_M, joined, starts)
-    traceback_at = _lines_matching(TB_RE, joined, starts)
+        strong_at = matching_lines(_STRONG_M, text, starts)
+        weak_at = matching_lines(_WEAK_M, text, starts)
+    traceback_at = matching_lines(TB_RE, text, starts)
+    frame_at = matching_lines(_FRAME_M, text, starts)
+    if not frame_at and not traceback_at:  # (most outputs: the error and warning lines are all there is)
+        return sorted(strong_at), sorted(weak_at - strong_at)
     strong: list[int] = []
     weak: list[int] = []
     in_tb = after_frame = False
     for i, line in enumerate(lines):
-        frame = bool(FRAME_RE.match(line))
+        frame = i in frame_at
         hit = frame or i in strong_at or (after_frame and line[:1].isspace() and line.strip())
         if i in traceback_at:
             in_tb = True
@@ -71,36 +75,6 @@ def flag_lines(lines: list[str]) -> tuple[list[int], list[int]]:
         elif i in weak_at:
             weak.append(i)
     return strong, weak
-
-
-def _lines_with(lowered: str, words: tuple[str, ...], starts: list[int]) -> set[int]:
-    """Lines holding any of `words` (lower case), found with str.find: the candidates a regex then checks
-    line by line (a case-insensitive regex over megabytes is ten times slower than finding the words)."""
-    found: set[int] = set()
-    last = len(starts) - 2
-    for word in words:
-        position = lowered.find(word)
-        while position != -1:
-            index = bisect.bisect_right(starts, position) - 1
-            found.add(index)
-            if index >= last:
-                break
-            position = lowered.find(word, starts[index + 1])
-    return found
-
-
-def _lines_matching(pattern: re.Pattern[str], joined: str, starts: list[int]) -> set[int]:
-    """Indices of the lines (joined by newlines, starting at `starts`) where `pattern` matches: one search
-    per matching line, resumed at the next line."""
-    found: set[int] = set()
-    position, last = 0, len(starts) - 2
-    while (match := pattern.search(joined, position)) is not None:
-        index = bisect.bisect_right(starts, match.start()) - 1
-        found.add(index)
-        if index >= last:
-            break
-        position = starts[index + 1]
-    return found
 
 
 def collapsed(lines: list[str], indices: list[int], base: int = 0, width: int = ERR_W) -> list[str]:
@@ -121,16 +95,20 @@ def collapsed(lines: list[str], indices: list[int], base: int = 0, width: int = 
     return out
 
 
-def find_paths(text: str) -> list[str]:
-    """Paths in order of first appearance (PATH_RE's, then FILE_RE's), URLs left whole.
+def find_paths(text: str, words: list[str] | None = None) -> list[str]:
+    """Paths in order of first appearance (PATH_RE's, then FILE_RE's), URLs left whole. `words`:
+    `text.split()`, when the caller has it.
 
     Only the words that can hold a match are scanned (one a line): no pattern here matches whitespace or
     has it in a lookaround's class, so a word finds the same matches alone as in the text."""
     found: dict[str, None] = {}
-    words = text.split()
+    words = text.split() if words is None else words
     slashed = "\n".join([word for word in words if "/" in word or "\\" in word])
-    dotted = "\n".join([word for word in words if "." in word])
-    for regex, hay in ((PATH_RE, slashed), (FILE_RE, dotted)):
+    dotted = [word for word in words if "." in word]
+    # (FILE_RE tries every position of what it is given: only the words with an extension are)
+    joined_dotted, starts = joined(dotted)
+    named = "\n".join([dotted[i] for i in sorted(matching_lines(_EXTENSION_RE, joined_dotted, starts))])
+    for regex, hay in ((PATH_RE, slashed), (FILE_RE, named)):
         for m in regex.finditer(hay):
             path = m.group().rstrip(".,:;")
             if (m.start() and hay[m.start() - 1] in ":/") or len(path) < 3 or path.count("/") == len(path):
@@ -144,10 +122,12 @@ def find_paths(text: str) -> list[str]:
     return list(found)
 
 
-def find_ids(text: str, skip: Iterable[str] = ()) -> list[str]:
+def find_ids(text: str, skip: Iterable[str] = (), words: list[str] | None = None) -> list[str]:
     skipped = set(skip)
     found: dict[str, None] = {}
-    for m in ID_RE.finditer("\n".join(filter(_DIGIT, text.split()))):  # (words as in find_paths)
+    words = text.split() if words is None else words
+    # (words as in find_paths; a word of letters alone, told in C, holds no digit)
+    for m in ID_RE.finditer("\n".join(filter(_DIGIT, itertools.filterfalse(str.isalpha, words)))):
         token = m.group()
         if token not in skipped and not token.replace("-", "").isdigit():
             found[token] = None
@@ -190,11 +170,12 @@ def salient_secs(lines: list[str], text: str, base: int = 0, shown: str = "", *,
     # Tokens already in kept lines are not listed again (sets of tokens: no substring scans per token).
     seen_text = shown + "\n" + "\n".join(err)
     seen = set(find_paths(seen_text))
-    paths = [p for p in find_paths(text) if p not in seen]
+    words = text.split()
+    paths = [p for p in find_paths(text, words) if p not in seen]
     if paths:
         secs.append(_Sec(group_paths(paths), "paths:", "directories", 4, critical=True))
     seen = set(find_ids(seen_text)) | set(find_ids("\n".join(paths)))
-    ids = [t for t in find_ids(text) if t not in seen]
+    ids = [t for t in find_ids(text, words=words) if t not in seen]
     if ids:
         secs.append(_Sec([_clip(t, VALUE_W) for t in ids], "ids: ", "ids", 3, inline=True, critical=True))
     return secs
