@@ -36,6 +36,7 @@ REPLY_PRIMING = 3
 PARALLEL_MESSAGES = 16
 PARALLEL_CHARS = 256 * 1024
 _CACHE_LIMIT = 200_000
+_TOOLS_SEEN_LIMIT = 256  # tools lists remembered by identity
 # Keys hold the counted text itself: bound the memo by the characters it keeps alive, not only entries.
 _CACHE_CHARS = 64 * 1024 * 1024
 
@@ -55,6 +56,7 @@ class TokenCounter:
         self._lock = threading.Lock()
         self._scope = threading.local()  # within one request: counts by message identity
         self.kept: KeptCounts | None = None  # counts an earlier process kept (proxy/kept_counts.py)
+        self._tools_seen: dict[tuple[Any, ...], tuple[tuple[Any, ...], int]] = {}
 
     @contextmanager
     def request_scope(self, carried: Scoped | None = None,
@@ -191,12 +193,22 @@ class TokenCounter:
     def tools(self, tools: list[Any] | None, model: str) -> int:
         if not tools:
             return 0
+        # The very tool objects counted before (a request counts its tools several times; a resent body's
+        # are the objects of its earlier parse, wire/resent.py; ours are constants) cost a lookup: the
+        # cost is serializing the list, tens of KB for a coding agent's.
+        identity = (model, *map(id, tools))
+        if (hit := self._tools_seen.get(identity)) is not None:
+            return hit[1]
         serialized = orjson.dumps(tools).decode()
         key = (encoding_name_for(model), ("tools", _compact("t", serialized)))
         found = self._memo.get(key)
         if found is None:
             found = self.text(serialized, model)
             self._remember(key, 64, found)
+        with self._lock:
+            if len(self._tools_seen) >= _TOOLS_SEEN_LIMIT:
+                self._tools_seen.clear()
+            self._tools_seen[identity] = (tuple(tools), found)  # (held: no other object takes their ids)
         return found
 
     def request(self, messages: list[dict[str, Any]], tools: list[Any] | None, model: str) -> int:

@@ -68,3 +68,43 @@ def test_a_message_counts_as_openais_recipe_says(role: str, content: str, name: 
     message = {"role": role, "content": content, **({"name": name} if name is not None else {})}
     expected = 3 + encode(role) + encode(content) + (1 + encode(name) if name else 0)
     assert TokenCounter().message(message, "gpt-4o") == expected
+
+
+tool_spec = st.builds(lambda name, text: {"type": "function",
+                                         "function": {"name": name, "description": text}},
+                      st.sampled_from(["a", "b", "c"]), st.text(max_size=30))
+
+
+@given(st.lists(tool_spec, min_size=1, max_size=4),
+       st.lists(st.tuples(st.sampled_from(["gpt-4o", "gpt-4"]), st.lists(st.integers(0, 3), min_size=1,
+                                                                          max_size=4)), max_size=12))
+def test_tools_are_counted_as_serialized_whichever_objects_were_counted_before(specs, picks) -> None:
+    """Tools lists built from the very same objects in other orders and lengths (as a request recounts
+    them with ours appended, or a resent body repeats them) each count as their serialization does, for
+    each model's encoding."""
+    import orjson
+
+    from proxy.encoders import count_text, encoding_name_for
+    from proxy.tokens import TokenCounter
+
+    tokens = TokenCounter()
+    for model, indices in picks:
+        tools = [specs[i % len(specs)] for i in indices]
+        expected = count_text(orjson.dumps(tools).decode(), encoding_name_for(model))
+        assert tokens.tools(tools, model) == expected
+        assert tokens.tools(list(tools), model) == expected
+
+
+def test_tools_counted_before_are_not_mistaken_for_new_ones_at_the_same_address() -> None:
+    """Tools lists of fresh objects, each dropped after its count (CPython reuses their memory, so a new
+    object may get an old one's id): each counts as its own serialization."""
+    import orjson
+
+    from proxy.encoders import count_text
+    from proxy.tokens import TokenCounter
+
+    tokens = TokenCounter()
+    for n in range(200):
+        tools = [{"type": "function", "function": {"name": "t", "description": "word " * (n % 17)}}]
+        assert tokens.tools(tools, "gpt-4o") == count_text(orjson.dumps(tools).decode(), "o200k_base")
+        del tools
