@@ -243,7 +243,8 @@ class PolicyStore:
         self._cache: dict[str, tuple[float, LoadedPolicy]] = {}
         self._builtin_default = LoadedPolicy("default", Policy(), None)
         # A folder with no default.yaml: the folder's mtime when that was seen (a file added or renamed
-        # into it changes it), so the built-in default costs one stat a request, not two failed lookups.
+        # into it changes it), so the built-in default costs one stat every recheck_s, not two failed
+        # lookups a request.
         self._no_default_file: int | None = None
 
     def _path_for(self, name: str) -> Path | None:
@@ -269,15 +270,20 @@ class PolicyStore:
                     return cached[1]
             except OSError:
                 pass
-        if name == "default" and self._no_default_file is not None and self._folder_mtime() == \
-                self._no_default_file:
-            return self._builtin_default
+        if name == "default" and self._no_default_file is not None:
+            # (the built-in default: the folder looked at again at most every recheck_s, as a file is)
+            now = time.monotonic()
+            if now - self._checked.get(name, -math.inf) < self.recheck_s:
+                return self._builtin_default
+            if self._folder_mtime() == self._no_default_file:
+                self._checked[name] = now
+                return self._builtin_default
         validate_policy_name(name)
         folder_mtime = self._folder_mtime()
         path = self._path_for(name)
         if path is None:
             if name == "default":
-                self._no_default_file = folder_mtime
+                self._no_default_file, self._checked[name] = folder_mtime, time.monotonic()
                 return self._builtin_default
             raise NotFound(f"unknown policy {name!r}; available: {', '.join(self.names()) or 'default'}",
                            code="unknown_policy")

@@ -90,6 +90,16 @@ def test_default_file_added_later_is_picked_up(tmp_path):
     assert store.get("default").policy.tool_results.threshold_tokens == 300
 
 
+def test_store_looks_for_a_new_default_file_at_most_every_recheck_s(tmp_path):
+    store = PolicyStore(tmp_path, recheck_s=3600)
+    assert store.get("default").path is None  # the built-in default
+    write(tmp_path / "default.yaml", "tool_results:\n  threshold_tokens: 300\n")
+    os.utime(tmp_path, ns=(1, 10**18))
+    assert store.get("default").path is None  # the folder not looked at again yet
+    store.recheck_s = 0
+    assert store.get("default").policy.tool_results.threshold_tokens == 300
+
+
 def test_store_checks_a_known_file_at_most_every_recheck_s(tmp_path):
     path = write(tmp_path / "proj.yaml", "tool_results:\n  threshold_tokens: 100\n")
     store = PolicyStore(tmp_path, recheck_s=3600)
