@@ -4,10 +4,35 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import Counter as _Counter
+from prometheus_client import Histogram as _Histogram
 
 _FAST_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 _SLOW_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class _LabelsOnce:
+    """prometheus_client's `labels()` validates the values and takes a lock on every call (~3 us; a request
+    makes about ten): here each set of values finds its child once. (No child is ever removed, so none
+    goes stale.)"""
+
+    def labels(self, *values: Any, **by_name: Any) -> Any:
+        if by_name:
+            return super().labels(*values, **by_name)  # type: ignore[misc]
+        memo: dict[tuple[Any, ...], Any] = self.__dict__.setdefault("_children_once", {})
+        child = memo.get(values)
+        if child is None:
+            child = memo[values] = super().labels(*values)  # type: ignore[misc]
+        return child
+
+
+class Counter(_LabelsOnce, _Counter):
+    pass
+
+
+class Histogram(_LabelsOnce, _Histogram):
+    pass
 
 
 class Metrics:
