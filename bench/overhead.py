@@ -5,7 +5,7 @@ Run: `python bench/overhead.py [--quick] [--json] [--no-litellm]` with the proje
 Everything runs on 127.0.0.1: a fake upstream (OpenAI- and Anthropic-shaped), ctxproxy, the bare
 Starlette + httpx forwarder and LiteLLM each in their own process, called interleaved in one loop. It
 reports ctxproxy ÷ bare forwarder for added latency (small, stream time to first byte and to the last,
-a 500 KB synthetic history, and a real mini-swe-agent session resent turn by turn at 10 KB to 2 MB of
+a 500 KB synthetic history, and real mini-swe-agent sessions resent turn by turn from 10 KB to 2 MB of
 history, bench/session_replay.py), server CPU seconds per 1,000 requests (/proc) at concurrency 1 and 16,
 cold start and RSS at start (issue 14). The `*_by_route` scenarios send the same small request through
 ctxproxy's chat, Anthropic Messages and OpenAI Responses routes (each against the fake upstream's own
@@ -200,13 +200,14 @@ def run(args: argparse.Namespace, workdir: Path, started: list[Service]) -> dict
             latency += measure_latency(client, targets, scenario, body, stream, iters[scenario],
                                        warm[scenario], ttfb=stream)
         sent += sum((iters[s] + warm[s]) * ctx_targets for s in payloads)
-        session_status = "ran"
+        session_status, body_bytes = "ran", {}
         try:
             bodies = session_bodies(SIZES, turns, chat_body)
         except (OSError, ValueError) as exc:
             session_status = f"SKIPPED: {exc}"
             print(session_status, file=sys.stderr)
         else:
+            body_bytes = {label: [len(turns_of[0]), len(turns_of[-1])] for label, turns_of in bodies.items()}
             replayed = [t for t in targets if t.name != "litellm"]
             print(f"... real session: {sessions} x {turns} turns at {', '.join(SIZES)}", file=sys.stderr)
             samples, errors = replay(lambda url, body, hdrs: send_ms(client, url, body, hdrs), replayed,
@@ -254,7 +255,7 @@ def run(args: argparse.Namespace, workdir: Path, started: list[Service]) -> dict
         "ctxproxy_added_mean_ms_by_route": added_by_route, "route_gap": route_gap(latency),
         "ratios": latency_ratios([asdict(r) for r in latency]), "cpu": cpu_ratios(cpu), "startup": startup,
         "session": {"status": session_status, "trace": str(TRACE), "turns": turns, "sessions": sessions,
-                    "sizes": SIZES},
+                    "sizes": SIZES, "body_bytes": body_bytes},
         "stream_events": {route: len(events) for route, (_, _, events) in ANSWERS.items()},
         "ctxproxy_requests": sent,
         "archive": archive_summary(ctx), "litellm": litellm_status,

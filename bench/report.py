@@ -91,10 +91,14 @@ def print_floor(result: dict[str, Any]) -> None:
                       sig3(r["p99_ratio"])] for r in ratios], left=2))
     session = result.get("session") or {}
     if session:
-        print(f"\nsession_*: one real mini-swe-agent session ({session['status']}), {session['sessions']} "
-              f"session(s) of {session['turns']} consecutive turns from each size, own x-ctxproxy-session "
-              "per target; *_continued: the same turns but each session's first (the proxy's first sight "
-              "of a long history: it reads all of it once); *_ttfb: time to the first byte of the stream")
+        spans = "; ".join(f"{label} {first / 1000:.0f} to {last / 1000:.0f} KB" for label, (first, last)
+                          in (session.get("body_bytes") or {}).items())
+        print(f"\nsession_*: a real mini-swe-agent session ({session['status']}), {session['sessions']} "
+              f"session(s) of {session['turns']} consecutive turns from each size, in the trace's "
+              f"conversation where they stay nearest it (request bodies: {spans or 'not recorded'}), own "
+              "x-ctxproxy-session per target; *_continued: the same turns but each session's first (the "
+              "proxy's first sight of a long history: it reads all of it once); *_ttfb: time to the first "
+              "byte of the stream")
     cpu = result.get("cpu") or []
     if cpu:
         print("\nServer CPU (utime+stime from /proc, read once the process is quiet), small requests:\n")

@@ -1,9 +1,12 @@
 """A real agent session resent turn by turn, for the overhead benchmark (issue 14).
 
-One mini-swe-agent conversation from ../shared/traces (read in place, never copied) is resent as its
-agent did: each request the whole history so far, ending on a user turn, under one `x-ctxproxy-session`.
-No trace there is longer than ~384 KB, so the longest one is continued with the next conversations' turns
-(longest first, their system prompts dropped) until the history reaches the largest size asked for.
+A mini-swe-agent conversation from ../shared/traces (read in place, never copied) is resent as its agent
+did: each request the whole history so far, ending on a user turn, under one `x-ctxproxy-session`. For
+each size, the consecutive turns from the first one past it, in the conversation where the last of them
+is shortest: the turns nearest the size (a row named 10 KB is not a row of 300 KB histories, and the
+longest trace jumps from 44 to 255 KB in one turn). No trace is longer than ~384 KB, so for the larger
+sizes the longest one is continued with the next conversations' turns (longest first, their system
+prompts dropped) until the history reaches the largest size asked for.
 """
 
 from __future__ import annotations
@@ -63,10 +66,27 @@ def prefixes(messages: list[dict[str, Any]], size: int, turns: int) -> list[list
     return [messages[:end] for end in ends]
 
 
+def window(sessions: list[list[dict[str, Any]]], size: int, turns: int) -> list[list[dict[str, Any]]]:
+    """`turns` consecutive requests from the first past `size` bytes, from the session where the last of
+    them is shortest: the turns nearest `size` (the earlier session on a tie)."""
+    best: tuple[int, list[int], list[dict[str, Any]]] | None = None
+    for messages in sessions:
+        past = [(end, nbytes) for end, nbytes in turn_ends(messages) if nbytes >= size][:turns]
+        if len(past) == turns and (best is None or past[-1][1] < best[0]):
+            best = (past[-1][1], [end for end, _ in past], messages)
+    if best is None:
+        raise ValueError(f"no session has {turns} turns past {size} bytes")
+    _, ends, chosen = best
+    return [chosen[:end] for end in ends]
+
+
 def session_bodies(sizes: dict[str, int], turns: int, body: Callable[[list[dict[str, Any]]], bytes],
                    path: Path = TRACE) -> dict[str, list[bytes]]:
-    messages = load_session(path, max(sizes.values()) + 200_000)
-    return {label: [body(p) for p in prefixes(messages, size, turns)] for label, size in sizes.items()}
+    lines = path.read_bytes().splitlines()
+    conversations = sorted((orjson.loads(line)["messages"] for line in lines if line.strip()),
+                           key=lambda m: len(orjson.dumps(m)), reverse=True)
+    sessions = [*conversations, load_session(path, max(sizes.values()) + 200_000)]
+    return {label: [body(p) for p in window(sessions, size, turns)] for label, size in sizes.items()}
 
 
 def replay(send: Callable[[str, bytes, dict[str, str] | None], float], targets: Iterable[Targetish],
