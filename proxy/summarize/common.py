@@ -174,7 +174,6 @@ def share_at_least(sample: list[str], test: Callable[[str], bool], tenths: int) 
     return need <= 0
 
 
-
 # Scans of many lines at once. `joined(lines)` is the lines (as splitlines() gives them: no line break inside
 # one) as one text, each after a "\n": line i's newline at starts[i]. A pattern that matches no "\n" past its
 # first character finds there, with one regex call per matching line, what it finds line by line. Patterns
@@ -201,17 +200,17 @@ def matching_lines(pattern: re.Pattern[str], text: str, starts: list[int]) -> se
     return found
 
 
-def lines_with(lowered: str, words: tuple[str, ...], starts: list[int]) -> set[int]:
-    """Lines of `lowered` (as `joined` gives them, lower-cased for a search that ignores case) holding any
-    of `words`, found with str.find: a regex over megabytes is ten times slower than finding the words."""
+def lines_with(text: str, words: tuple[str, ...], starts: list[int]) -> set[int]:
+    """Lines of `text` (as `joined` gives them; lower-cased by the caller for a search that ignores case)
+    holding any of `words`, found with str.find: a regex over megabytes is ten times slower."""
     found: set[int] = set()
     last = len(starts) - 2
     for word in words:
-        position = lowered.find(word)
+        position = text.find(word)
         while position != -1:
             index = bisect.bisect_right(starts, position) - 1
             found.add(index)
             if index >= last:
                 break
-            position = lowered.find(word, starts[index + 1])
+            position = text.find(word, starts[index + 1])
     return found
