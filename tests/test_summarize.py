@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from proxy.summarize import detect_kind, gist, summarize
 from proxy.summarize.common import ERR_RE, has_error_word
-from proxy.summarize.detect import C_FN_RE, DEF_RE, LEVEL_RE, TS_RE, _is_def, _is_log_line
+from proxy.summarize.detect import C_FN_RE, DEF_RE, LEVEL_RE, TS_RE, _is_def, _log_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 NUMBERED = re.compile(r"^\s*L(\d+): (.*)$")
@@ -476,8 +476,8 @@ LOG_PIECES = ["2024-01-02 ", "2024-01-02T", "12:30", ":45", " INFO ", "info", "W
 
 @settings(max_examples=2000, deadline=None)
 @given(st.lists(st.sampled_from(LOG_PIECES), max_size=10).map("".join))
-def test_the_log_line_test_takes_its_shortcut_without_changing_its_answer(line: str) -> None:
-    assert _is_log_line(line) == bool(TS_RE.search(line[:40]) or LEVEL_RE.search(line[:80]))
+def test_a_log_line_is_told_as_its_time_and_level_patterns_tell_it(line: str) -> None:
+    assert _log_lines([line]) == bool(TS_RE.search(line[:40]) or LEVEL_RE.search(line[:80]))
 
 
 ERR_PIECES = ["error", "ERROR", "Warn", "EXCEPTION", "traceback", "fail", "FaTaL", "panic", "denied",

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.summarize.common import has_error_word, joined, lines_with, matching_lines
-from proxy.summarize.detect import CODE_LINE_RE, _code_line, _error_lines, _is_log_line, _log_lines
+from proxy.summarize.detect import CODE_LINE_RE, LEVEL_RE, TS_RE, _code_line, _error_lines, _log_lines
 from proxy.summarize.diff_summary import DETECT_RE, SCAN, is_diff
 from proxy.summarize.log_summary import CLIP, RESULT_RE, SESSION_RE, TAIL_SCAN, is_test_run
 from proxy.summarize.salient import _FRAME_M, FRAME_RE
@@ -30,7 +30,8 @@ LOG = ["2024-01-02 ", "2024-01-02T", "12:30", ":45", "1:2", "12:3", " INFO ", "W
 @settings(max_examples=300, deadline=None)
 @given(lines_of(LOG))
 def test_log_lines_are_counted_as_line_by_line(sample: list[str]) -> None:
-    assert _log_lines(sample) == sum(map(_is_log_line, sample))
+    expected = sum(bool(TS_RE.search(line[:40]) or LEVEL_RE.search(line[:80])) for line in sample)
+    assert _log_lines(sample) == expected
 
 
 ERRORS = ["error", "ERROR", "Fail", "timed out", "timed\tout", "assert", "pan\u0131c", "a\u017fsert",

@@ -112,8 +112,9 @@ def _code_line(head: str) -> bool:
 
 
 def _log_lines(sample: list[str]) -> int:
-    """How many lines of `sample` are log lines (_is_log_line): a level is looked for only in the lines that
-    hold one of its words, a time only in those with a colon in the right place."""
+    """How many lines of `sample` are log lines: a time in the first 40 characters (TS_RE) or a level in the
+    first 80 (LEVEL_RE). A level is looked for only in the lines that hold one of its words, a time only in
+    those with a colon in the right place."""
     heads = [line[:80] for line in sample]
     text, starts = joined(heads)
     levels = {i for i in lines_with(text, _LEVEL_HINTS, starts) if LEVEL_RE.search(heads[i])}
@@ -126,7 +127,7 @@ def _has_time(head: str) -> bool:
     the regex alone tries every position)."""
     colon = head.find(":", 2)
     while colon != -1:
-        if head[colon - 2:colon].isdigit() and head[colon + 1:colon + 3].isdigit() and len(head) >= colon + 3:
+        if head[colon - 2:colon].isdigit() and head[colon + 1:colon + 3].isdigit():
             return TS_RE.search(head) is not None
         colon = head.find(":", colon + 1)
     return False
@@ -138,14 +139,6 @@ def _error_lines(sample: list[str]) -> int:
     if text.isascii():  # (as has_error_word: there, the lower-cased text holds the words themselves)
         return len(lines_with(text.lower(), ERR_WORDS, starts))
     return sum(map(has_error_word, sample))
-
-
-def _is_log_line(line: str) -> bool:
-    """A timestamp or a level at the start (each test only past what its regex cannot match without:
-    a colon in the time; an upper-case letter or `level` for the level)."""
-    head = line[:80]
-    return bool((":" in head[:40] and TS_RE.search(head[:40]))
-                or ((head != head.lower() or "level" in head) and LEVEL_RE.search(head)))
 
 
 def _analyze(text: str, tool_name: str | None = None) -> _Analysis:

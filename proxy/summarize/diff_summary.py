@@ -17,7 +17,7 @@ HUNK_RE = re.compile(r"^@@+ ")
 COMMIT_RE = re.compile(r"^(?:commit [0-9a-f]{7,64}\b|Merge: |Author: |Date: |[0-9a-f]{7,40} \S)")
 DETECT_RE = re.compile(r"^(?:diff --git |commit [0-9a-f]{7,64}\b|@@ -\d+(?:,\d+)? \+\d+)")
 # Over many lines at once (common.joined): at most one match a line, none across lines.
-_DETECT_M = re.compile(r"\n(?:diff --git |commit [0-9a-f]{7,64}\b|@@ -\d+(?:,\d+)? \+\d+)")
+_DETECT_M = re.compile("\n" + DETECT_RE.pattern.removeprefix("^"))
 _OPENS_M = re.compile(r"\n(?:diff --git |commit )")
 SCAN = 2000
 
