@@ -18,9 +18,9 @@ from pathlib import Path
 log = logging.getLogger("ctxproxy.archive")
 
 SEGMENT_BYTES = 64 * 1024 * 1024  # a spool segment is closed (and deleted once committed) past this
-# The current segment is emptied once all of it is committed and it holds more than this: until then
-# its committed records stay, as the base later records of their sessions are spooled relative to
-# (spool_delta.py), behind a marker saying how many of its records are committed.
+# The current segment is emptied once all of it is committed and it holds more than this (and at least
+# twice its bases, below): until then its committed records stay, as the base later records of their
+# sessions are spooled relative to (spool_delta.py), behind a marker saying how many are committed.
 TRUNCATE_BYTES = 8 * 1024 * 1024
 _MARK = struct.Struct("<BQ")  # a marker payload: 0 (no archive item starts so), records committed
 
@@ -91,6 +91,11 @@ class Spool:
         self.size = 0
         self.records = 0  # records appended to the current segment since it was started or emptied
         self.epoch = 0  # bumped whenever the current segment starts afresh (rotated or emptied)
+        # Bytes of whole records in this epoch that later ones are spooled relative to. Emptying the
+        # segment makes each of their sessions spool its history whole again, so it waits until at
+        # least as many other bytes were written: several long sessions whose histories together pass
+        # TRUNCATE_BYTES would otherwise be emptied out again right after, every turn spooled whole.
+        self.base_bytes = 0
         self.pending: Counter[int] = Counter({self.segment: 0})
         self.done: Counter[int] = Counter()  # records committed, by segment
         self._set_aside: int | None = None  # rejected-*.log of this run, opened on first use
@@ -114,6 +119,10 @@ class Spool:
         """The next append starts a new segment (and a new epoch)."""
         return self.fd is not None and self.size >= SEGMENT_BYTES
 
+    def note_base(self, payload_bytes: int) -> None:
+        """A whole record about to be appended is a base (spool_delta.Bases)."""
+        self.base_bytes += payload_bytes
+
     def rotate_if_full(self) -> None:
         if self.full:
             self._rotate()
@@ -125,7 +134,7 @@ class Spool:
             self._unlink(self.segment)
         self.segment += 1
         self.fd = open_append(self._path(self.segment))
-        self.size = self.records = 0
+        self.size = self.records = self.base_bytes = 0
         self.epoch += 1
         self.pending[self.segment] = 0
 
@@ -148,9 +157,9 @@ class Spool:
             if segment != self.segment:
                 self._unlink(segment)
                 touched.discard(segment)
-            elif self.size >= TRUNCATE_BYTES and self.fd is not None:
+            elif self.size >= max(TRUNCATE_BYTES, 2 * self.base_bytes) and self.fd is not None:
                 os.ftruncate(self.fd, 0)  # O_APPEND: the next item goes to offset 0
-                self.size = self.records = self.done[segment] = 0
+                self.size = self.records = self.done[segment] = self.base_bytes = 0
                 self.epoch += 1
                 touched.discard(segment)
         for segment in touched:  # replay skips what a marker says is committed (it is only a base)

@@ -6,7 +6,8 @@ checksums) megabytes a turn for a long session. The messages a record shares wit
 one are the very same objects (wire/resent.py), found by identity in C; the record then names that
 record (its place in the segment) and how many it shares. The base stays in the segment until the
 segment is emptied or rotated (spool.TRUNCATE_BYTES, SEGMENT_BYTES), which starts a new epoch: the next
-record of every session is spooled whole again. A replay (a start after a crash) reads a segment in
+record of every session is spooled whole again (so a segment is emptied only once at least as many bytes
+were written after its bases as they hold). A replay (a start after a crash) reads a segment in
 order and makes every record whole before it is committed (Expander).
 
 The writer itself never reads the spool back: it is handed the submitted record. Records set aside or
@@ -110,6 +111,7 @@ class Bases:
             payload = encode_item(record)
             if len(payload) >= self.min_base_bytes:
                 self._remember(key, here)
+                spool.note_base(len(payload))
             return payload
         assert base is not None  # (messages were shared with it)
         self._remember(key, here)

@@ -243,3 +243,47 @@ def test_the_event_loop_spools_a_record_only_when_it_is_small_and_relative(tmp_p
             ("ex-0", 35), ("ex-2", 37)]
     finally:
         reader.close()
+
+
+def _turns(spool: Spool, bases: Bases, sessions: int, base_chars: int, turn_chars: int,
+           rounds: int) -> tuple[int, list[tuple[int, int]]]:
+    """`sessions` long histories (a whole first record of ~`base_chars` each) growing by `turn_chars` a
+    turn, each record committed at once (an idle writer). Returns how many records went whole after
+    the first round, and after each commit: by how much the segment is over what may stay in it (twice
+    its bases, and at least TRUNCATE_BYTES), and that record's size."""
+    opening = [{"role": "user", "content": str(k)} for k in range(8)]  # (spool_delta.MIN_SHARED)
+    histories = [[{"role": "system", "content": f"s{s} " + "x" * base_chars}, *opening]
+                 for s in range(sessions)]
+    whole, over = 0, []
+    for n in range(rounds):
+        for s, history in enumerate(histories):
+            history.append({"role": "user", "content": f"turn {n}: " + "y" * turn_chars})
+            item = record(n, f"s{s}", list(history))
+            payload = bases.encode(item, spool)
+            whole += int(n > 0 and payload == encode_item(item))
+            spool.committed([spool.append(payload)])
+            over.append((spool.size - max(100_000, 2 * spool.base_bytes), len(payload)))
+    return whole, over
+
+
+def test_long_sessions_whose_bases_pass_the_truncation_size_are_not_spooled_whole_every_turn(
+        tmp_path, monkeypatch):
+    """Four sessions whose histories together hold twice TRUNCATE_BYTES: emptying the segment as soon as
+    all of it is committed would make every session spool its whole history again, each turn (the bases
+    alone refill it past the size). It waits until as many bytes were written after the bases: here
+    not in 30 turns of small new parts."""
+    monkeypatch.setattr("proxy.spool.TRUNCATE_BYTES", 100_000)
+    spool = Spool(tmp_path)
+    whole, _ = _turns(spool, Bases(min_base_bytes=10_000), 4, 50_000, 100, 30)
+    assert whole == 0 and spool.epoch == 0
+
+
+def test_the_segment_is_still_emptied_once_as_much_was_written_after_its_bases(tmp_path, monkeypatch):
+    """The spool stays bounded: with large new parts the segment is emptied (each session's next record
+    whole) once the bytes written after the bases match them: it never holds more than twice its bases
+    (or TRUNCATE_BYTES) plus the record just committed."""
+    monkeypatch.setattr("proxy.spool.TRUNCATE_BYTES", 100_000)
+    spool = Spool(tmp_path)
+    whole, over = _turns(spool, Bases(min_base_bytes=10_000), 4, 50_000, 10_000, 30)
+    assert spool.epoch >= 2 and 0 < whole <= 4 * spool.epoch  # emptied now and then, not every round
+    assert all(excess <= size for excess, size in over)
