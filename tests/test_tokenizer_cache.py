@@ -3,16 +3,19 @@ counting exactly as tiktoken's own encoding does either way."""
 
 from __future__ import annotations
 
+import hashlib
 import marshal
 import os
 import signal
 import stat
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import tiktoken
+import tiktoken.load
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -63,6 +66,43 @@ def test_the_first_build_is_written_private_and_the_next_one_reads_it(tmp_path, 
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
     assert counts(encoding_from(folder)) == expected
     assert built == [NAME]  # the second encoding came from the file
+
+
+@pytest.mark.parametrize("name", ["p50k_base", "cl100k_base", "o200k_base"])
+def test_a_first_build_parses_the_ranks_in_bulk_into_what_tiktoken_builds(name):
+    encoders._prepare_offline_env()
+    constructor = openai_public.ENCODING_CONSTRUCTORS[name]
+    loader = openai_public.load_tiktoken_bpe
+    assert encoders._constructed(constructor) == constructor()
+    assert openai_public.load_tiktoken_bpe is loader  # tiktoken's own again
+
+
+def test_builds_in_several_threads_leave_tiktoken_its_own_loader():
+    encoders._prepare_offline_env()
+    loader = openai_public.load_tiktoken_bpe
+    constructor = openai_public.ENCODING_CONSTRUCTORS[NAME]
+    with ThreadPoolExecutor(4) as pool:
+        built = list(pool.map(lambda _: encoders._constructed(constructor), range(8)))
+    assert all(kwargs == built[0] for kwargs in built)
+    assert openai_public.load_tiktoken_bpe is loader
+
+
+def test_ranks_are_parsed_in_bulk_only_from_a_file_whose_digest_was_checked(tmp_path, monkeypatch):
+    """A published rank file (its digest checked) has a token and its rank on every line; any other
+    file is parsed by tiktoken, line by line: one whose words pair up wrongly (3 on a line, 1 on the
+    next) is refused, never read as a shifted dict."""
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "tiktoken"))  # (it keeps what it read)
+    shifted = tmp_path / "shifted.tiktoken"
+    shifted.write_bytes(b"YQ== 0 1234\n5678\n")  # in bulk: {b"a": 0, b"\xd7m\xf8": 5678}
+    with pytest.raises(ValueError):
+        encoders.parse_ranks(str(shifted), None, fallback=tiktoken.load.load_tiktoken_bpe)
+    published = tmp_path / "published.tiktoken"
+    published.write_bytes(b"YQ== 0\n\nYg== 1\n")
+    digest = hashlib.sha256(published.read_bytes()).hexdigest()
+
+    def not_used(*args):
+        raise AssertionError("tiktoken's own parse")
+    assert encoders.parse_ranks(str(published), digest, fallback=not_used) == {b"a": 0, b"b": 1}
 
 
 @pytest.mark.parametrize("damage", ["a flipped byte", "cut short", "empty", "not marshal",
