@@ -198,7 +198,8 @@ class ArchiveWriter:
                           "it is committed", exc)
                 segment = None
                 if item is not None:
-                    self._bases.unspooled(item)  # not a base: the next record of its session goes whole
+                    # not a base: the next record of its session goes whole
+                    self._bases.unspooled(item, self.spool)
             self._submitted += 1
             self._queue.append(_Queued(self._submitted, segment, payload, item))
             self._queued_bytes += len(payload)

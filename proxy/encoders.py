@@ -126,7 +126,7 @@ _loader_lock = threading.Lock()
 
 def _constructed(constructor: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """tiktoken's constructor arguments, its rank file parsed in bulk: tiktoken decodes it line by line
-    in Python (o200k: 0.40 s here, a first start's; in bulk 0.22–0.26 s)."""
+    in Python (o200k: 0.40 s here, a first start's; in bulk 0.22 to 0.26 s)."""
     from tiktoken_ext import openai_public
 
     with _loader_lock:  # (a constructor looks its loader up in its module when it runs)

@@ -17,7 +17,9 @@ from pathlib import Path
 
 log = logging.getLogger("ctxproxy.archive")
 
-SEGMENT_BYTES = 64 * 1024 * 1024  # a spool segment is closed (and deleted once committed) past this
+SEGMENT_BYTES = 64 * 1024 * 1024  # a spool segment is closed (and deleted once committed) past this,
+# or past twice its bases (below) when they hold more, up to SEGMENT_CAP_BYTES
+SEGMENT_CAP_BYTES = 512 * 1024 * 1024
 # The current segment is emptied once all of it is committed and it holds more than this (and at least
 # twice its bases, below): until then its committed records stay, as the base later records of their
 # sessions are spooled relative to (spool_delta.py), behind a marker saying how many are committed.
@@ -91,10 +93,11 @@ class Spool:
         self.size = 0
         self.records = 0  # records appended to the current segment since it was started or emptied
         self.epoch = 0  # bumped whenever the current segment starts afresh (rotated or emptied)
-        # Bytes of whole records in this epoch that later ones are spooled relative to. Emptying the
-        # segment makes each of their sessions spool its history whole again, so it waits until at
-        # least as many other bytes were written: several long sessions whose histories together pass
-        # TRUNCATE_BYTES would otherwise be emptied out again right after, every turn spooled whole.
+        # Bytes of the whole records in this epoch that the sessions' bases go back to (kept by
+        # spool_delta.Bases). Emptying or rotating the segment makes each of those sessions spool its
+        # history whole again, so it waits until at least as many other bytes were written: several
+        # long sessions whose histories together pass the size would otherwise be emptied out again
+        # right after, every turn spooled whole.
         self.base_bytes = 0
         self.pending: Counter[int] = Counter({self.segment: 0})
         self.done: Counter[int] = Counter()  # records committed, by segment
@@ -106,7 +109,7 @@ class Spool:
     def append(self, payload: bytes) -> int:
         if self.fd is None:
             raise OSError("spool is closed")
-        if self.size >= SEGMENT_BYTES:
+        if self.size >= self._rotate_at():
             self._rotate()
         write_all(self.fd, [frame(payload), payload])
         self.size += _FRAME.size + len(payload)
@@ -117,11 +120,10 @@ class Spool:
     @property
     def full(self) -> bool:
         """The next append starts a new segment (and a new epoch)."""
-        return self.fd is not None and self.size >= SEGMENT_BYTES
+        return self.fd is not None and self.size >= self._rotate_at()
 
-    def note_base(self, payload_bytes: int) -> None:
-        """A whole record about to be appended is a base (spool_delta.Bases)."""
-        self.base_bytes += payload_bytes
+    def _rotate_at(self) -> int:
+        return max(SEGMENT_BYTES, min(2 * self.base_bytes, SEGMENT_CAP_BYTES))
 
     def rotate_if_full(self) -> None:
         if self.full:

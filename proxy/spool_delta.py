@@ -6,8 +6,10 @@ checksums) megabytes a turn for a long session. The messages a record shares wit
 one are the very same objects (wire/resent.py), found by identity in C; the record then names that
 record (its place in the segment) and how many it shares. The base stays in the segment until the
 segment is emptied or rotated (spool.TRUNCATE_BYTES, SEGMENT_BYTES), which starts a new epoch: the next
-record of every session is spooled whole again (so a segment is emptied only once at least as many bytes
-were written after its bases as they hold). A replay (a start after a crash) reads a segment in
+record of every session is spooled whole again. So a segment is emptied or rotated only once at least
+as many bytes were written after the whole records the sessions' bases go back to as they hold (else
+several long sessions whose histories together fill a segment would spool them whole every turn); a
+session quiet for IDLE_SECONDS no longer counts. A replay (a start after a crash) reads a segment in
 order and makes every record whole before it is committed (Expander).
 
 The writer itself never reads the spool back: it is handed the submitted record. Records set aside or
@@ -16,7 +18,9 @@ arriving after close are always spooled whole.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from proxy.archive_codec import dumps
@@ -33,11 +37,17 @@ MIN_BASE_BYTES = 64 * 1024  # a smaller record is no base (its session's bodies 
 Key = tuple[str, str]  # (tenant, session id)
 
 
-class _Base:
-    __slots__ = ("epoch", "forwarded", "index", "request")
+IDLE_SECONDS = 600.0  # a session quiet this long is no base any more (its next record is spooled whole)
 
-    def __init__(self, epoch: int, index: int, request: list[Any], forwarded: list[Any] | None) -> None:
+
+class _Base:
+    __slots__ = ("epoch", "forwarded", "index", "request", "root_bytes", "used")
+
+    def __init__(self, epoch: int, index: int, request: list[Any], forwarded: list[Any] | None,
+                 root_bytes: int, used: float) -> None:
         self.epoch, self.index, self.request, self.forwarded = epoch, index, request, forwarded
+        self.root_bytes = root_bytes  # the whole record its chain of relative records starts from
+        self.used = used
 
 
 def shared(earlier: list[Any], later: list[Any], equal_tries: int = MAX_EQUAL_TRIES) -> int:
@@ -78,11 +88,16 @@ def _same_bytes(one: Any, other: Any) -> bool:
 
 
 class Bases:
-    """The last record spooled per session (the writer's: called under its lock, before each append)."""
+    """The last record spooled per session (the writer's: called under its lock, before each append).
+    It keeps `spool.base_bytes` at the bytes of the whole records the sessions' bases go back to, in
+    the spool's current epoch: what emptying or rotating the segment would make them spool again."""
 
-    def __init__(self, min_base_bytes: int = MIN_BASE_BYTES) -> None:
+    def __init__(self, min_base_bytes: int = MIN_BASE_BYTES,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.min_base_bytes = min_base_bytes
-        self._last: OrderedDict[Key, _Base] = OrderedDict()
+        self._clock = clock
+        self._last: OrderedDict[Key, _Base] = OrderedDict()  # least recently used first
+        self._epoch, self._live = 0, 0
 
     def encode(self, record: ExchangeRecord, spool: Spool, small_only: int | None = None) -> bytes | None:
         """The record's spool payload (relative to its session's previous record when that pays), and
@@ -105,26 +120,40 @@ class Bases:
             if on_request < MIN_SHARED or size_above(new, small_only):
                 return None
         spool.rotate_if_full()
-        self._last.pop(key, None)
-        here = _Base(spool.epoch, spool.records, request, forwarded)
+        self._forget(key, spool)
         if on_request < MIN_SHARED:
             payload = encode_item(record)
             if len(payload) >= self.min_base_bytes:
-                self._remember(key, here)
-                spool.note_base(len(payload))
+                self._remember(key, request, forwarded, len(payload), spool)
             return payload
         assert base is not None  # (messages were shared with it)
-        self._remember(key, here)
+        self._remember(key, request, forwarded, base.root_bytes, spool)
         return encode_item(record, relative=(base.index, on_request, on_forwarded))
 
-    def _remember(self, key: Key, base: _Base) -> None:
-        self._last[key] = base
-        if len(self._last) > MAX_SESSIONS:
-            self._last.popitem(last=False)
+    def _remember(self, key: Key, request: list[Any], forwarded: list[Any] | None, root_bytes: int,
+                  spool: Spool) -> None:
+        self._sync(spool)
+        now = self._clock()
+        self._last[key] = _Base(spool.epoch, spool.records, request, forwarded, root_bytes, now)
+        self._live += root_bytes
+        while len(self._last) > MAX_SESSIONS or next(iter(self._last.values())).used < now - IDLE_SECONDS:
+            self._forget(next(iter(self._last)), spool)
+        spool.base_bytes = self._live
 
-    def unspooled(self, record: ExchangeRecord) -> None:
+    def _forget(self, key: Key, spool: Spool) -> None:
+        self._sync(spool)
+        gone = self._last.pop(key, None)
+        if gone is not None and gone.epoch == spool.epoch:
+            self._live -= gone.root_bytes
+            spool.base_bytes = self._live
+
+    def _sync(self, spool: Spool) -> None:
+        if self._epoch != spool.epoch:  # emptied or rotated since: no base of before counts
+            self._epoch, self._live = spool.epoch, 0
+
+    def unspooled(self, record: ExchangeRecord, spool: Spool) -> None:
         """The record's append failed: it is no base."""
-        self._last.pop((record.tenant, record.session_id), None)
+        self._forget((record.tenant, record.session_id), spool)
 
 
 class Expander:

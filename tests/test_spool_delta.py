@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from proxy.archive import ArchiveWriter, ExchangeRecord, encode_item, open_database, utc_now
 from proxy.reader import ArchiveReader
 from proxy.spool import Spool, replay_file
-from proxy.spool_delta import Bases, Expander
+from proxy.spool_delta import IDLE_SECONDS, Bases, Expander
 from tests.test_archive_durability import Blocker, count
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -287,3 +287,52 @@ def test_the_segment_is_still_emptied_once_as_much_was_written_after_its_bases(t
     whole, over = _turns(spool, Bases(min_base_bytes=10_000), 4, 50_000, 10_000, 30)
     assert spool.epoch >= 2 and 0 < whole <= 4 * spool.epoch  # emptied now and then, not every round
     assert all(excess <= size for excess, size in over)
+
+
+def test_bases_that_hold_more_than_a_segment_are_not_rotated_out_every_turn(tmp_path, monkeypatch):
+    """Eight sessions whose whole records hold more than a segment: rotating at the segment's size would
+    start every session over each turn. The segment rotates once twice its bases are written."""
+    monkeypatch.setattr("proxy.spool.TRUNCATE_BYTES", 100_000)
+    monkeypatch.setattr("proxy.spool.SEGMENT_BYTES", 150_000)
+    spool = Spool(tmp_path)
+    whole, _ = _turns(spool, Bases(min_base_bytes=10_000), 8, 50_000, 100, 20)
+    assert whole == 0 and spool.epoch == 0
+    assert spool.base_bytes > 8 * 50_000
+
+
+def test_however_many_bases_a_segment_is_rotated_at_the_cap(tmp_path, monkeypatch):
+    monkeypatch.setattr("proxy.spool.TRUNCATE_BYTES", 100_000)
+    monkeypatch.setattr("proxy.spool.SEGMENT_BYTES", 150_000)
+    monkeypatch.setattr("proxy.spool.SEGMENT_CAP_BYTES", 300_000)
+    spool = Spool(tmp_path)
+    whole, _ = _turns(spool, Bases(min_base_bytes=10_000), 8, 50_000, 100, 3)
+    assert spool.epoch >= 1 and whole > 0
+    assert spool.size < 300_000 + 60_000  # (the cap, and the record that passed it)
+
+
+def test_a_session_counts_once_in_the_bases_and_not_once_quiet(tmp_path):
+    """A session spooled whole again (an edited history) counts with its newer record only; a session
+    quiet for IDLE_SECONDS counts no more, and its next record is spooled whole."""
+    now = [0.0]
+    spool, bases = Spool(tmp_path), Bases(min_base_bytes=1_000, clock=lambda: now[0])
+    history = [{"role": "user", "content": f"m{k} " + "x" * 1_000} for k in range(10)]
+
+    def spooled(n: int, session: str, messages: list[Any]) -> bytes:
+        payload = bases.encode(record(n, session, messages), spool)
+        spool.append(payload)
+        return payload
+
+    first = spooled(0, "a", history)
+    assert spool.base_bytes == len(first)
+    edited = [{"role": "system", "content": "edited"}, *history[1:]]
+    again = spooled(1, "a", edited)
+    assert spool.base_bytes == len(again)  # not both
+    other = spooled(2, "b", history)
+    assert spool.base_bytes == len(again) + len(other)
+    now[0] += IDLE_SECONDS + 1
+    latest = spooled(3, "b", [*history, {"role": "user", "content": "next"}])
+    assert len(latest) < len(other) // 5  # b: relative
+    assert spool.base_bytes == len(other)  # a: quiet too long
+    grown = record(4, "a", [*edited, {"role": "user", "content": "next"}])
+    assert bases.encode(grown, spool) == encode_item(grown)  # whole
+    spool.close()
