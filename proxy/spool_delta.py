@@ -34,10 +34,9 @@ MAX_EQUAL_TRIES = 8  # equal objects that are not the same ones compared (serial
 MIN_BASE_BYTES = 64 * 1024  # a smaller record is no base (its session's bodies are parsed anew: no
 # message is the same object next time; as wire/resent.py's MIN_BYTES)
 
-Key = tuple[str, str]  # (tenant, session id)
-
-
 IDLE_SECONDS = 600.0  # a session quiet this long is no base any more (its next record is spooled whole)
+
+Key = tuple[str, str]  # (tenant, session id)
 
 
 class _Base:
