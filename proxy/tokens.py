@@ -148,8 +148,11 @@ class TokenCounter:
         hits = list(map(scoped.get, map(id, messages)))
         known: Iterable[tuple[dict[str, Any], int]] = filter(None, hits)
         new = list(itertools.compress(messages, map(operator.not_, hits)))
-        if len(new) >= PARALLEL_MESSAGES:
-            self._count_across_threads(new, model, scoped)
+        if len(new) >= PARALLEL_MESSAGES:  # (the memo's counts, and any counted across threads, go in
+            self._count_across_threads(new, model, scoped)  # the scope: summed in C like the others)
+            hits = list(map(scoped.get, map(id, new)))
+            known = itertools.chain(known, filter(None, hits))
+            new = list(itertools.compress(new, map(operator.not_, hits)))
         return sum(map(_COUNT, known)) + sum(self.message(m, model) for m in new)
 
     def _count_across_threads(self, new: list[dict[str, Any]], model: str,
@@ -169,9 +172,10 @@ class TokenCounter:
         process kept know, with their memo keys and sizes; the others' counts go into `scoped`."""
         family = encoding_name_for(model)
         todo: list[tuple[dict[str, Any], tuple[str, Any]]] = []
+        memo_get, message_key = self._memo.get, _message_key  # (a first walk: per message, locals)
         for message in messages:
-            key = (family, _message_key(message))
-            if (found := self._memo.get(key)) is not None:
+            key = (family, message_key(message))
+            if (found := memo_get(key)) is not None:
                 scoped[id(message)] = (message, found)
             else:
                 todo.append((message, key))
