@@ -242,13 +242,15 @@ def _check_message(message: Any, index: int) -> None:
         call_id = message.get("tool_call_id")
         if type(call_id) is not str:
             _not_a_string(f"messages[{index}].tool_call_id", call_id)
-    _optional_string(f"messages[{index}].name", message.get("name"))
+    if (name := message.get("name")) is not None:  # (the parameter's name is made only when needed)
+        _optional_string(f"messages[{index}].name", name)
     if len(message) > 2 or (len(message) == 2 and "content" not in message):
         for key, value in message.items():
             kind = type(value)
             if (kind is dict or kind is list) and key not in _MESSAGE_FIELDS:
                 _check_depth(value, 4, f"messages[{index}].{key}")
-        _check_depth(message.get("tool_call_id"), 4, f"messages[{index}].tool_call_id")
+        if type(call_id := message.get("tool_call_id")) in (dict, list):
+            _check_depth(call_id, 4, f"messages[{index}].tool_call_id")
 
 
 def _check_part(part: dict[str, Any], index: int, number: int) -> None:

@@ -155,6 +155,7 @@ def test_nesting_past_orjsons_limit_is_refused_without_the_recursive_parse(monke
     ("tool_calls", lambda d: [{**CALL, "meta": d}], "messages[0].tool_calls[0].meta"),
     ("tool_calls", lambda d: [{**CALL, "function": {**CALL["function"], "x": d}}],
      "messages[0].tool_calls[0].function.x"),
+    ("tool_call_id", lambda d: d, "messages[0].tool_call_id"),
 ])
 def test_nesting_inside_messages_names_the_field(field, wrap, param):
     deep: Any = []
