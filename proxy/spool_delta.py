@@ -96,7 +96,6 @@ class Bases:
         self.min_base_bytes = min_base_bytes
         self._clock = clock
         self._last: OrderedDict[Key, _Base] = OrderedDict()  # least recently used first
-        self._epoch, self._live = 0, 0
 
     def encode(self, record: ExchangeRecord, spool: Spool, small_only: int | None = None) -> bytes | None:
         """The record's spool payload (relative to its session's previous record when that pays), and
@@ -131,24 +130,16 @@ class Bases:
 
     def _remember(self, key: Key, request: list[Any], forwarded: list[Any] | None, root_bytes: int,
                   spool: Spool) -> None:
-        self._sync(spool)
         now = self._clock()
         self._last[key] = _Base(spool.epoch, spool.records, request, forwarded, root_bytes, now)
-        self._live += root_bytes
+        spool.base_bytes += root_bytes
         while len(self._last) > MAX_SESSIONS or next(iter(self._last.values())).used < now - IDLE_SECONDS:
             self._forget(next(iter(self._last)), spool)
-        spool.base_bytes = self._live
 
     def _forget(self, key: Key, spool: Spool) -> None:
-        self._sync(spool)
         gone = self._last.pop(key, None)
-        if gone is not None and gone.epoch == spool.epoch:
-            self._live -= gone.root_bytes
-            spool.base_bytes = self._live
-
-    def _sync(self, spool: Spool) -> None:
-        if self._epoch != spool.epoch:  # emptied or rotated since: no base of before counts
-            self._epoch, self._live = spool.epoch, 0
+        if gone is not None and gone.epoch == spool.epoch:  # (a new epoch starts the spool's count at 0)
+            spool.base_bytes -= gone.root_bytes
 
     def unspooled(self, record: ExchangeRecord, spool: Spool) -> None:
         """The record's append failed: it is no base."""

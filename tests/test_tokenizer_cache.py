@@ -69,11 +69,19 @@ def test_the_first_build_is_written_private_and_the_next_one_reads_it(tmp_path, 
 
 
 @pytest.mark.parametrize("name", ["p50k_base", "cl100k_base", "o200k_base"])
-def test_a_first_build_parses_the_ranks_in_bulk_into_what_tiktoken_builds(name):
+def test_a_first_build_parses_the_ranks_in_bulk_into_what_tiktoken_builds(name, monkeypatch):
     encoders._prepare_offline_env()
     constructor = openai_public.ENCODING_CONSTRUCTORS[name]
     loader = openai_public.load_tiktoken_bpe
+    parsed: list[str] = []
+
+    def bulk(path, expected_hash=None, *, fallback):
+        parsed.append(path)
+        return parse_ranks(path, expected_hash, fallback=fallback)
+    parse_ranks = encoders.parse_ranks
+    monkeypatch.setattr(encoders, "parse_ranks", bulk)
     assert encoders._constructed(constructor) == constructor()
+    assert len(parsed) == 1  # the bulk parse, not tiktoken's own
     assert openai_public.load_tiktoken_bpe is loader  # tiktoken's own again
 
 
