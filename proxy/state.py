@@ -301,6 +301,9 @@ class StateStore:
         self._load(state, moved)
         self.grow(state, state.size - before)
         restore(state, entry.snapshot)
+        # Walks remembered here (layers/tool_results.found_in and the like) reflect this copy's own last
+        # request, not the other replica's: they would carry decisions it has since changed.
+        state.walks.clear()
 
     def grow(self, state: SessionState, added: int) -> None:
         """Account for bytes a state took on (results, window blocks) and keep within the budget."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from proxy import tokens as tokens_module
 from proxy.archive import TableRow
 from proxy.state import StateStore, WouldBlock
+from proxy.store.ledger import LedgerEntry
 from proxy.tokens import TokenCounter
 
 
@@ -140,3 +143,34 @@ def test_session_without_waiting_refuses_whatever_would_wait():
     replicas.get("tenant", "s")
     with pytest.raises(WouldBlock), replicas.session("tenant", "s", wait=False):
         pass
+
+
+class OneLedger:
+    """A session ledger another replica writes to: each `move_on` is a request it rewrote meanwhile."""
+
+    def __init__(self) -> None:
+        self.entry = LedgerEntry(version=0, snapshot=None)
+
+    def move_on(self) -> None:
+        self.entry.version += 1
+
+    @contextlib.contextmanager
+    def open(self, tenant: str, session_id: str) -> Iterator[LedgerEntry]:
+        yield self.entry
+
+    def unavailable(self, exc: BaseException) -> bool:
+        return False
+
+
+def test_walks_carried_from_this_replicas_last_request_are_dropped_once_another_replica_moved_on():
+    """Walks remembered by message object reflect the decisions of this copy's last request; another
+    replica's request since then may have changed them (tests/store/test_replicas_e2e.py end to end)."""
+    ledger = OneLedger()
+    store = StateStore(lookup=MemoryArchive(), ledger=ledger)  # type: ignore[arg-type]
+    with store.session("tenant", "s") as state:
+        state.walks["found"] = ("a walk of this request",)
+    with store.session("tenant", "s") as state:
+        assert "found" in state.walks  # nothing moved: this copy is current
+    ledger.move_on()
+    with store.session("tenant", "s") as state:
+        assert state.walks == {}
