@@ -111,7 +111,7 @@ def little_to_do(state: SessionState, context: PipelineContext, conversation: Co
         context.policy.policy, conversation.model, forwarded[2], context.fresh_bytes + GROWTH_MARGIN_TOKENS)
 
 
-CARRY_FROM_TOKENS = 16_000  # about the body size (64 KB) from which a resent history is the same objects
+CARRY_FROM_TOKENS = 2_000  # about the body size (8 KB) from which a resent history is the same objects
 
 
 def forget_counts(state: SessionState, messages: list[dict[str, Any]], tokens: int) -> None:

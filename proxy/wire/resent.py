@@ -30,9 +30,12 @@ import orjson
 
 from proxy.wire.splice import Spans
 
-MIN_BYTES = 64 * 1024  # smaller bodies parse in well under a millisecond: not worth remembering
+# A smaller body is parsed whole every request: tens of microseconds, and its few dozen messages, new
+# objects every time, are looked up anew downstream (token counts, rewrites). A larger one's are not:
+# from hundreds of messages that walk costs more than the parse (ms a request at 400).
+MIN_BYTES = 8 * 1024
 GROUP_PREFIX = 64  # bodies are grouped by their opening bytes (model, the system prompt's start)
-GROUP_SIZE = 32  # bodies remembered per group (concurrent sessions of one agent share their opening)
+GROUP_SIZE = 128  # bodies remembered per group (concurrent sessions of one agent share their opening)
 PROBES = 4  # fresh_bytes findings held for the parse that follows (each holds its body until then)
 
 # A JSON string (with a following colon when it is a key), or a bracket. Everything else (numbers,
@@ -58,7 +61,7 @@ class Resent:
     reused: int  # leading elements taken from an earlier body (checked then)
     group: tuple[str, bytes]
     entry: _Body | None  # what to remember once checked (None: the new elements' ends are unknown)
-    replacing: _Body
+    source: _Body  # the earlier body its first `reused` elements are taken from
 
 
 class _Body:
@@ -66,13 +69,23 @@ class _Body:
         self.raw, self.body, self.layout = raw, body, layout
         self.spans: Spans | None = None  # handed to the codec (wire/splice.py), once checked
 
+    def resent_whole(self, raw: bytes) -> bool:
+        return _same_start(raw, self.raw, self.layout.ends[-1])
+
     def reusable(self, raw: bytes) -> int:
         """How many leading elements `raw` repeats byte for byte (memcmp stops at the first difference:
         another session's body, which differs early, costs next to nothing)."""
         ends, mine = self.layout.ends, self.raw
         if _same_start(raw, mine, ends[-1]):
             return len(ends)
-        low, high = 0, len(ends) - 1  # the largest n with the first n elements repeated
+        # The largest n with the first n elements repeated: galloping from the start first, so a body
+        # that parts early (another session of the same agent: its task differs) costs a call or two.
+        low, high, step = 0, len(ends) - 1, 1
+        while low + step <= high:
+            if not _same_start(raw, mine, ends[low + step - 1]):
+                high = low + step - 1
+                break
+            low, step = low + step, step * 2
         while low < high:
             middle = (low + high + 1) // 2
             if _same_start(raw, mine, ends[middle - 1]):
@@ -135,7 +148,10 @@ class ResentBodies:
         """The remembered body `raw` repeats the most whole elements of, and how many."""
         with self._lock:
             candidates = list(self._groups.get(group, ()))
-        best, reused = None, 0
+        for candidate in reversed(candidates):  # (the latest first) one resent whole: a session's next turn
+            if candidate.resent_whole(raw):
+                return candidate, len(candidate.layout.ends)
+        best, reused = None, 0  # else (a session's first turn, an edited history) the longest shared part
         for candidate in candidates:
             count = candidate.reusable(raw)
             if count > reused:
@@ -169,7 +185,10 @@ class ResentBodies:
     def keep(self, resent: Resent) -> None:
         """A parsed body whose new elements passed the caller's checks: the next resend builds on it."""
         if resent.entry is not None:
-            self._keep(resent.group, resent.entry, replacing=resent.replacing)
+            # Only a body resent whole is replaced (the session moved on: it is not resent again); one
+            # that shares a prefix only (another session of the same agent) stays for its own session.
+            whole = resent.reused == len(resent.source.layout.ends)
+            self._keep(resent.group, resent.entry, replacing=resent.source if whole else None)
 
     def remember(self, raw: bytes, key: str, body: dict[str, Any]) -> Spans | None:
         """A body parsed whole and checked, for the next request that resends it. Where its elements end
@@ -337,6 +356,6 @@ def remember_checked(raw: bytes, key: str, body: dict[str, Any], resent: Resent 
     entry = resent.entry
     if entry is not None:  # its first `reused` elements: the earlier body's, in the same places
         layout = entry.layout
-        entry.spans = Spans(raw, layout.opening, layout.ends, resent.replacing.spans, resent.reused)
+        entry.spans = Spans(raw, layout.opening, layout.ends, resent.source.spans, resent.reused)
     BODIES.keep(resent)
     return None if entry is None else entry.spans

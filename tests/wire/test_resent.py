@@ -162,8 +162,9 @@ def test_a_parse_takes_what_fresh_bytes_found_and_holds_few_bodies_for_it(monkey
     first = orjson.dumps({"model": "m", "messages": history})
     cache.remember(first, "messages", orjson.loads(first))
     compared = []
-    real = resent._Body.reusable
-    monkeypatch.setattr(resent._Body, "reusable", lambda self, raw: compared.append(raw) or real(self, raw))
+    real = resent.ResentBodies._best
+    monkeypatch.setattr(resent.ResentBodies, "_best", lambda self, group, raw: compared.append(raw) or real(
+        self, group, raw))
     second = orjson.dumps({"model": "m", "messages": [*history, {"role": "user", "content": "new"}]})
     cache.fresh_bytes(second, "messages")
     got = cache.parse(second, "messages")
@@ -187,3 +188,72 @@ def test_starts_with_says_whether_a_list_begins_with_another_ones_very_objects(
     if start <= min(len(earlier), len(later)):
         assert resent.same_objects(earlier, later, start) == (
             shared if shared >= start else start + resent.same_objects(earlier[start:], later[start:]))
+
+
+@given(st.integers(1, 300), st.integers(0, 300), st.booleans())
+def test_reusable_is_the_longest_run_of_whole_messages_repeated(length: int, cut: int, longer: bool) -> None:
+    history = [{"role": "user", "content": f"message {n}"} for n in range(length)]
+    raw = orjson.dumps({"messages": history})
+    layout = layout_of(raw, "messages", length)
+    assert layout is not None
+    earlier = resent._Body(raw, orjson.loads(raw), layout)
+    changed = [*history[:cut], *({"role": "user", "content": "edited"} for _ in history[cut:cut + 1]),
+               *history[cut + 1:], *([{"role": "user", "content": "new"}] if longer else [])]
+    assert earlier.reusable(orjson.dumps({"messages": changed})) == min(cut, length)
+
+
+def test_a_body_that_parts_early_costs_a_few_comparisons(monkeypatch) -> None:
+    """Concurrent sessions of one agent share their opening bytes (one group) and part at the task: each
+    remembered body of another session is told apart in a few memcmp calls, not a search of its length."""
+    history = [{"role": "system", "content": "be brief"}, *({"role": "user", "content": f"a {n}"}
+                                                             for n in range(500))]
+    raw = orjson.dumps({"messages": history})
+    layout = layout_of(raw, "messages", len(history))
+    assert layout is not None
+    earlier = resent._Body(raw, orjson.loads(raw), layout)
+    calls = []
+    real = resent._same_start
+    monkeypatch.setattr(resent, "_same_start", lambda *args: calls.append(args[2]) or real(*args))
+    other = orjson.dumps({"messages": [history[0], {"role": "user", "content": "another task"},
+                                       *history[2:]]})
+    assert earlier.reusable(other) == 1 and len(calls) <= 4
+
+
+def test_another_session_sharing_a_prefix_does_not_displace_a_remembered_body() -> None:
+    """A body is dropped when its own session resends it whole and more; a body that only shares its
+    opening messages (another session of the same agent) leaves it for its session's next request."""
+    cache = ResentBodies(min_bytes=0, group_prefix=1)
+    system = {"role": "system", "content": "be brief"}
+    mine = [system, *({"role": "user", "content": f"mine {n}"} for n in range(20))]
+    first = orjson.dumps({"messages": mine})
+    cache.remember(first, "messages", orjson.loads(first))
+    theirs = [system, {"role": "user", "content": "theirs"}]
+    other = cache.parse(orjson.dumps({"messages": theirs}), "messages")
+    assert other is not None and other.reused == 1
+    cache.keep(other)
+    again = cache.parse(orjson.dumps({"messages": [*mine, {"role": "user", "content": "next"}]}), "messages")
+    assert again is not None and again.reused == len(mine)
+    cache.keep(again)
+    assert cache.parse(first, "messages") is not None  # (now built on the longer body)
+    assert len(cache._groups[("messages", first[:1])]) == 2  # the longer one replaced the first; theirs stays
+
+
+def test_a_hundred_concurrent_sessions_of_one_agent_each_build_on_their_own_body(monkeypatch) -> None:
+    """They share their opening bytes (one group): each turn finds its session's previous body whole,
+    and the others' bodies cost one comparison each (none is searched for a shared part)."""
+    cache = ResentBodies(min_bytes=0, group_prefix=1)
+    system = {"role": "system", "content": "the same agent"}
+    histories = [[system, {"role": "user", "content": f"task {n}"}] for n in range(100)]
+    for history in histories:
+        raw = orjson.dumps({"messages": history})
+        cache.remember(raw, "messages", orjson.loads(raw))
+    searched = []
+    real = resent._Body.reusable
+    monkeypatch.setattr(resent._Body, "reusable", lambda self, raw: searched.append(raw) or real(self, raw))
+    for turn in range(3):
+        for history in histories:
+            history.append({"role": "user", "content": f"turn {turn}"})
+            got = cache.parse(orjson.dumps({"messages": history}), "messages")
+            assert got is not None and got.reused == len(history) - 1
+            cache.keep(got)
+    assert searched == []
