@@ -157,11 +157,7 @@ class RowWriter:
         messages = messages if isinstance(messages, list) else [messages]
         key = (record.tenant, record.session_id, kind)
         previous, previous_ids = self.chains.get(key)
-        shared = 0
-        for old, new in zip(previous, messages, strict=False):
-            if old != new:
-                break
-            shared += 1
+        shared = _shared_prefix(previous, messages)
         ids = previous_ids[:shared]
         parent = ids[-1] if ids else f"tenant:{record.tenant}"
         for message in messages[shared:]:
@@ -210,3 +206,16 @@ class RowWriter:
             fields_["parse_error"] = "; ".join(parsed.problems)[:4000]
             fields_["response_raw"] = raw
         return fields_
+
+
+def _shared_prefix(previous: list[Any], messages: list[Any]) -> int:
+    """How many leading messages are equal. A session's next request repeats all of its previous one:
+    one list comparison in C (the same objects are passed over by identity) tells; else one by one."""
+    if previous == messages[:len(previous)]:
+        return len(previous)
+    shared = 0
+    for old, new in zip(previous, messages, strict=False):
+        if old != new:
+            break
+        shared += 1
+    return shared
