@@ -4,7 +4,7 @@ Run: python bench/pipeline.py [--json]
 
 Each history is a tool-heavy agent conversation (tool results of 300-3,000 tokens). The agent resends
 its whole history every turn, so the warm case is the history seen before plus one new exchange: parsed
-anew (new objects, as for a body under 64 KB), and as the server hands a larger resent body to the
+anew (new objects, as for a body under 8 KB), and as the server hands a larger resent body to the
 pipeline — the earlier parse's very objects (wire/resent.py).
 """
 
@@ -67,7 +67,7 @@ def measure(size: int, repeats: int) -> dict:
         outcome = pipeline.run(pipeline.Conversation("gpt-4o", fresh, TOOLS), context)
         samples.append((time.perf_counter() - started) * 1000)
     samples.sort()
-    same = []  # the server's case for a body over 64 KB: the earlier parse's objects (wire/resent.py)
+    same = []  # the server's case for a body over 8 KB: the earlier parse's objects (wire/resent.py)
     for _ in range(repeats):
         started = time.perf_counter()
         pipeline.run(pipeline.Conversation("gpt-4o", list(messages), TOOLS), context)
