@@ -36,6 +36,7 @@ from proxy.wire.splice import Spans
 MIN_BYTES = 8 * 1024
 GROUP_PREFIX = 64  # bodies are grouped by their opening bytes (model, the system prompt's start)
 GROUP_SIZE = 128  # bodies remembered per group (concurrent sessions of one agent share their opening)
+TAIL_EDITS = 2  # a session's next body may differ in this many of its previous body's last elements
 PROBES = 4  # fresh_bytes findings held for the parse that follows (each holds its body until then)
 
 # A JSON string (with a following colon when it is a key), or a bracket. Everything else (numbers,
@@ -95,6 +96,13 @@ class _Body:
         return low
 
 
+def continues(reused: int, elements: int) -> bool:
+    """Whether a body that repeats `reused` of an earlier body's `elements` is that body's session going on:
+    all of them, or all but the last few (a client may edit its newest messages: Anthropic clients move
+    their cache marker to the newest every turn). Another session of the same agent repeats its opening."""
+    return reused >= elements - TAIL_EDITS and reused * 2 > elements
+
+
 def _libc_memcmp() -> Callable[[bytes, bytes, int], int] | None:
     name = ctypes.util.find_library("c")
     try:
@@ -152,10 +160,12 @@ class ResentBodies:
             if candidate.resent_whole(raw):
                 return candidate, len(candidate.layout.ends)
         best, reused = None, 0  # else (a session's first turn, an edited history) the longest shared part
-        for candidate in candidates:
+        for candidate in reversed(candidates):
             count = candidate.reusable(raw)
             if count > reused:
                 best, reused = candidate, count
+                if continues(count, len(candidate.layout.ends)):
+                    break  # (its session's next turn, its last messages edited: taken as it is)
         return best, reused
 
     def parse(self, raw: bytes, key: str) -> Resent | None:
@@ -185,10 +195,10 @@ class ResentBodies:
     def keep(self, resent: Resent) -> None:
         """A parsed body whose new elements passed the caller's checks: the next resend builds on it."""
         if resent.entry is not None:
-            # Only a body resent whole is replaced (the session moved on: it is not resent again); one
-            # that shares a prefix only (another session of the same agent) stays for its own session.
-            whole = resent.reused == len(resent.source.layout.ends)
-            self._keep(resent.group, resent.entry, replacing=resent.source if whole else None)
+            # Only the body this one continues is replaced (the session moved on: it is not resent again);
+            # one it shares an opening with (another session of the same agent) stays for its session.
+            moved_on = continues(resent.reused, len(resent.source.layout.ends))
+            self._keep(resent.group, resent.entry, replacing=resent.source if moved_on else None)
 
     def remember(self, raw: bytes, key: str, body: dict[str, Any]) -> Spans | None:
         """A body parsed whole and checked, for the next request that resends it. Where its elements end

@@ -257,3 +257,30 @@ def test_a_hundred_concurrent_sessions_of_one_agent_each_build_on_their_own_body
             assert got is not None and got.reused == len(history) - 1
             cache.keep(got)
     assert searched == []
+
+
+def test_a_session_that_edits_its_last_messages_every_turn_keeps_one_body_and_builds_on_it() -> None:
+    """Anthropic clients move their cache marker to the newest message every turn, so each body repeats
+    all but the last one or two of the previous one's: that is the session's next turn, which replaces
+    its previous body (not a body of another session, kept beside it)."""
+    cache = ResentBodies(min_bytes=0, group_prefix=1)
+    system = {"role": "system", "content": "the agent"}
+    other = [system, {"role": "user", "content": "another session"}, {"role": "assistant", "content": "ok"}]
+    raw = orjson.dumps({"messages": other})
+    cache.remember(raw, "messages", orjson.loads(raw))
+    history: list[dict[str, Any]] = [system, {"role": "user", "content": "task"}]
+    marked = {"cache_control": {"type": "ephemeral"}}
+    held = []
+    for turn in range(12):
+        sent = [*history[:-1], {**history[-1], **marked}]  # the marker on the newest message only
+        got = cache.parse(orjson.dumps({"messages": sent}), "messages")
+        assert got is not None
+        if turn >= 2:
+            assert got.reused == len(sent) - 3  # all but the message that lost its marker and the two new
+        cache.keep(got)
+        held.append(len(cache._groups[("messages", raw[:1])]))
+        history += [{"role": "assistant", "content": f"answer {turn}"},
+                    {"role": "user", "content": f"go {turn}"}]
+    assert held[-1] == held[2] <= 4  # not a body more a turn
+    again = cache.parse(raw + b" ", "messages")  # the other session's body (sharing the opening) stays
+    assert again is not None and again.reused == len(other)
