@@ -210,12 +210,17 @@ class RowWriter:
 
 def _shared_prefix(previous: list[Any], messages: list[Any]) -> int:
     """How many leading messages are equal. A session's next request repeats all of its previous one:
-    one list comparison in C (the same objects are passed over by identity) tells; else one by one."""
-    if previous == messages[:len(previous)]:
-        return len(previous)
-    shared = 0
-    for old, new in zip(previous, messages, strict=False):
-        if old != new:
-            break
-        shared += 1
-    return shared
+    one list comparison in C (the same objects are passed over by identity) tells. Else (a client that
+    edits its newest messages: Anthropic clients move their cache marker) the place they part is
+    bisected with comparisons of the part not yet known equal, all in C."""
+    low, high = 0, min(len(previous), len(messages))
+    if previous[:high] == messages[:high]:
+        return high
+    high -= 1  # (the first `low` are equal; they part at or before `high`)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if previous[low:middle] == messages[low:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
