@@ -263,7 +263,8 @@ def observe_entities(messages: list[dict[str, Any]], state: SessionState, contex
     """Feed the tool results this session has not seen yet to its working memory (MRU of entities)."""
     settings = context.policy.policy.working_memory
     seen = state.memory_seen
-    if seen > len(messages) or (seen and messages[seen - 1] != state.memory_last):
+    if seen > len(messages) or (seen and messages[seen - 1] is not state.memory_last
+                                and unmarked(messages[seen - 1]) != unmarked(state.memory_last)):
         state.memory, seen = WorkingMemory(settings.max_entities), 0  # an edited history: start over
     if seen == len(messages):
         return
@@ -279,6 +280,23 @@ def observe_entities(messages: list[dict[str, Any]], state: SessionState, contex
         # name no entity — a text-protocol agent's — wrote its last message out on every request.)
         context.store.save_memory(state, "working", {"version": 1, "memory": state.memory.to_dict(),
                                                      "seen": state.memory_seen, "last": state.memory_last})
+
+
+def unmarked(message: Any) -> Any:
+    """`message` without its cache markers: Anthropic clients move theirs to the newest message every
+    turn, which edits the one before it in nothing a layer reads."""
+    if not isinstance(message, dict):
+        return message
+    content = message.get("content")
+    parts = content if isinstance(content, list) else []
+    marked = "cache_control" in message or any(isinstance(p, dict) and "cache_control" in p for p in parts)
+    if not marked:
+        return message
+    plain = {k: v for k, v in message.items() if k != "cache_control"}
+    if parts:
+        plain["content"] = [{k: v for k, v in p.items() if k != "cache_control"} if isinstance(p, dict) else p
+                            for p in parts]
+    return plain
 
 
 def needs_model_summaries(conversation: Conversation, context: PipelineContext) -> Pending:

@@ -171,3 +171,24 @@ def test_working_memory_is_saved_when_it_starts_or_changes_and_restores_the_same
             restored, whole = restarted.get("tenant-a", "s"), mirror.get("tenant-a", "s")
             assert restored.memory.entities == whole.memory.entities
     assert archive.working_writes == changes  # plain-text turns write nothing
+
+
+def test_a_cache_marker_moved_to_the_newest_message_is_no_edited_history_for_working_memory() -> None:
+    """Anthropic clients mark their newest message for caching every turn, so the message before it comes
+    back without its marker: working memory goes on from where it was (it is not rebuilt from the whole
+    history and saved again every turn), and ends as it would without markers."""
+    loaded = LoadedPolicy("t", Policy.model_validate({"working_memory": {"inject": "always"},
+                                                      "assembly": {"time_ms": 600_000}}), None)
+    messages = entity_turns([True, False, False, False, False, False])
+    prefixes = [messages[:end] for end in range(4, len(messages) + 1, 2)]
+    marked_archive, plain_archive = Archive(), Archive()
+    marked = StateStore(persist=marked_archive.persist, lookup=marked_archive)
+    plain = StateStore(persist=plain_archive.persist, lookup=plain_archive)
+    for prefix in prefixes:
+        sent = [*prefix[:-1], {**prefix[-1], "cache_control": {"type": "ephemeral"}}]
+        pipeline.run(pipeline.Conversation(MODEL, sent, None), context(marked, loaded))
+        pipeline.run(pipeline.Conversation(MODEL, prefix, None), context(plain, loaded))
+    assert marked_archive.working_writes == plain_archive.working_writes == 1  # when it started
+    assert marked.get("tenant-a", "s").memory.entities == plain.get("tenant-a", "s").memory.entities
+    in_a_part = {"role": "user", "content": [{"type": "text", "text": "a", "cache_control": {}}]}
+    assert pipeline.unmarked(in_a_part) == {"role": "user", "content": [{"type": "text", "text": "a"}]}
