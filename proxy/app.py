@@ -52,7 +52,8 @@ from proxy.routes import (
     select_policy,
 )
 from proxy.session import Session, identify
-from proxy.state import SessionState, StateStore, WouldBlock
+from proxy.session_state import SessionState
+from proxy.state import StateStore, WouldBlock
 from proxy.store.storage import ArchiveQueries, Storage, open_storage
 from proxy.tokens import TokenCounter, server_counter, warm_up
 from proxy.ui import routes as ui_routes

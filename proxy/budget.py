@@ -12,7 +12,8 @@ from proxy.layers.observations import Observations, for_policy
 from proxy.layers.tool_results import prune
 from proxy.model_map import model_window
 from proxy.policy import Policy
-from proxy.state import SessionState, StateStore
+from proxy.session_state import SessionState
+from proxy.state import StateStore
 
 log = logging.getLogger("ctxproxy.budget")
 

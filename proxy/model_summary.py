@@ -18,7 +18,8 @@ import orjson
 
 from proxy.layers import folded, folded_model
 from proxy.policy import Policy
-from proxy.state import SessionState, StateStore
+from proxy.session_state import SessionState
+from proxy.state import StateStore
 from proxy.upstream import Upstream
 
 log = logging.getLogger("ctxproxy.summary")

@@ -31,7 +31,8 @@ from proxy.pins import Pin, file_pins
 from proxy.pins import render as render_pins
 from proxy.policy import LoadedPolicy, Policy
 from proxy.session import Session
-from proxy.state import SessionState, StateStore, WouldBlock
+from proxy.session_state import SessionState
+from proxy.state import StateStore, WouldBlock
 from proxy.tokens import TokenCounter
 from proxy.window_step import clear_of_batches, first_batch_floor, slide_window
 

@@ -26,13 +26,13 @@ from typing import Any
 from proxy.archive_codec import dumps
 from proxy.archive_items import ExchangeRecord, decode_item, encode_item, unknown_kind
 from proxy.spool import Spool
-from proxy.wire.resent import same_objects, starts_with
+from proxy.wire.resent import MIN_BYTES, same_objects, starts_with
 
 MAX_SESSIONS = 4096  # sessions whose last spooled record is remembered as a base
 MIN_SHARED = 8  # fewer shared messages than this: spooled whole (not worth a reference)
 MAX_EQUAL_TRIES = 8  # equal objects that are not the same ones compared (serialized) per list
-MIN_BASE_BYTES = 8 * 1024  # a smaller record is no base (its session's bodies are parsed anew: no
-# message is the same object next time; as wire/resent.py's MIN_BYTES)
+MIN_BASE_BYTES = MIN_BYTES  # a smaller record is no base (its session's bodies are parsed anew: no
+# message is the same object next time)
 
 IDLE_SECONDS = 600.0  # a session quiet this long is no base any more (its next record is spooled whole)
 

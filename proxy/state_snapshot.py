@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 if TYPE_CHECKING:
-    from proxy.state import SessionState
+    from proxy.session_state import SessionState
 
 
 class MessageDigest:

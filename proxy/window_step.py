@@ -18,7 +18,8 @@ from proxy.layers.observations import Observations
 from proxy.layers.tool_results import EVICTED, Found, calls_by_id, found_in, maskable, observed_in, prune
 from proxy.layers.window import Evicted
 from proxy.policy import Policy
-from proxy.state import SessionState, StateStore
+from proxy.session_state import SessionState
+from proxy.state import StateStore
 from proxy.tokens import REPLY_PRIMING
 
 if TYPE_CHECKING:

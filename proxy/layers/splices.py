@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import orjson
 
 if TYPE_CHECKING:
-    from proxy.state import SessionState, StateStore
+    from proxy.session_state import SessionState
+    from proxy.state import StateStore
 
 VERSION = 1
 MAX_SPLICES = 256  # per session; the oldest go first (their turns then reach the model without our calls)

@@ -13,7 +13,8 @@ from typing import Any, TypeVar
 
 from proxy import heavy
 from proxy.layers.observations import Observations, handle_for, task_end
-from proxy.state import SessionState, StateStore
+from proxy.session_state import SessionState
+from proxy.state import StateStore
 from proxy.summarize import gist, summarize
 from proxy.wire.resent import same_objects, starts_with
 

@@ -19,7 +19,7 @@ from proxy.layers.auto_summary import Costs, Count, Headline, headline, render, 
 from proxy.layers.observations import task_end
 
 if TYPE_CHECKING:
-    from proxy.state import SessionState
+    from proxy.session_state import SessionState
 
 
 Evicted = tuple[Headline, list[dict[str, Any]]]  # a headline and the exchange it stands for

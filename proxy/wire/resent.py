@@ -77,7 +77,7 @@ class _Body:
         """How many leading elements `raw` repeats byte for byte (memcmp stops at the first difference:
         another session's body, which differs early, costs next to nothing)."""
         ends, mine = self.layout.ends, self.raw
-        if _same_start(raw, mine, ends[-1]):
+        if self.resent_whole(raw):
             return len(ends)
         # The largest n with the first n elements repeated: galloping from the start first, so a body
         # that parts early (another session of the same agent: its task differs) costs a call or two.
