@@ -83,7 +83,7 @@ class TokenCounter:
     def warm(self, models: Iterable[str] = ("gpt-4o",)) -> None:
         """Load tokenizers before the first request. By default only o200k: current OpenAI models' and the
         fallback of unknown families. cl100k (gpt-4, gpt-3.5) and Claude's load at their first request
-        (~0.5 s once): each holds ~40-80 MB."""
+        (once, 0.1-0.3 s, one build however many ask at once): each holds ~30-80 MB."""
         for model in models:
             _encoder(encoding_name_for(model))
 
