@@ -28,6 +28,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import claude_sessions
 import httpx
 import orjson
 from fake_upstream import ANSWERS
@@ -246,10 +247,14 @@ def run(args: argparse.Namespace, workdir: Path, started: list[Service]) -> dict
         added_mean, added_by_route = ctxproxy_self_report(client, ctx.base)
     long_run = _long_run(args, workdir, fake, headers, started)
     startup["ctxproxy, restarted"] = long_run.pop("restart")
+    claude = claude_sessions.measure({
+        "ctxproxy": lambda: start_ctxproxy(workdir, fake.base, args.src, name="ctxproxy-claude"),
+        "bare forwarder": lambda: start_bare(workdir, fake.base)}, started, args.claude_sessions)
     return {
         "mode": "quick" if quick else "full", "ctxproxy_src": str(args.src or "installed package"),
         "python": platform.python_version(), "cpus": _cpus(),
-        "concurrency": args.concurrency, "long_run": long_run, "latency": [asdict(r) for r in latency],
+        "concurrency": args.concurrency, "long_run": long_run, "claude_sessions": claude,
+        "latency": [asdict(r) for r in latency],
         "throughput": [asdict(r) for r in rows], "big_bytes": len(payloads["history_500KB"][0]),
         "big_messages": len(history), "ctxproxy_added_mean_ms": added_mean,
         "ctxproxy_added_mean_ms_by_route": added_by_route, "route_gap": route_gap(latency),
@@ -353,11 +358,15 @@ def main() -> int:
                         "LiteLLM and passthrough only at the first)")
     parser.add_argument("--long-run", default="100,200", help="SESSIONS,TURNS for the RSS after a long run "
                         "(--quick: 10,20)")
+    parser.add_argument("--claude-sessions", type=int, default=32, help="Claude-style sessions on the "
+                        "Messages route, 16 at a time (bench/claude_sessions.py; --quick: 4)")
     parser.add_argument("--requests", type=int, default=0, help="throughput requests per target")
     parser.add_argument("--time-limit", type=float, default=120.0, help="throughput seconds per target (cap)")
     args = parser.parse_args()
     if args.quick and args.long_run == "100,200":
         args.long_run = "10,20"
+    if args.quick and args.claude_sessions == 32:
+        args.claude_sessions = 4
     started: list[Service] = []
     with tempfile.TemporaryDirectory(prefix="ctxproxy-bench-") as tmp:
         try:

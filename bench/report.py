@@ -136,3 +136,24 @@ def print_floor(result: dict[str, Any]) -> None:
             print(table(["generation", "pauses", "total ms", "over 25 ms"],
                         [[generation, f"{row['count']:.0f}", sig3(row["ms"]), f"{row['over_25ms']:.0f}"]
                          for generation, row in sorted(pauses.items())]))
+    print_claude_sessions(result.get("claude_sessions"))
+
+
+def print_claude_sessions(found: dict[str, Any] | None) -> None:
+    if not found:
+        return
+    print(f"\nClaude-style sessions on /v1/messages (bench/claude_sessions.py), each server fresh: "
+          f"{found['sessions']} real sessions, {found['concurrency']} at a time, the cache marker moving "
+          f"every turn; {found['requests_per_run']} requests, {found['mb_sent']:.0f} MB:\n")
+    servers = [name for name in found if isinstance(found[name], dict)]
+    floor = found.get("bare forwarder") or {}
+    floor_cpu = floor["cpu_s"] / floor["requests"] if floor.get("requests") else None
+
+    def per_request(row: dict[str, Any]) -> float:
+        return float(row["cpu_s"]) / row["requests"] * 1000 if row["requests"] else math.nan
+
+    rows = [[name, str(row["requests"]), str(row["errors"]), sig3(row["seconds"]), sig3(per_request(row)),
+             sig3(per_request(row) / 1000 / floor_cpu) if floor_cpu else "-", sig3(row["p50_ms"]),
+             sig3(row["p99_ms"]), sig3(row["rss_mb"])] for name, row in ((n, found[n]) for n in servers)]
+    print(table(["server", "requests", "errors", "seconds", "CPU ms per request", "÷ bare forwarder",
+                 "p50 ms", "p99 ms", "RSS after MB"], rows))
