@@ -18,10 +18,10 @@ from typing import Any
 
 import httpx
 import orjson
-from procstat import rss_mb, settled_cpu_seconds
-from session_replay import TRACES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.procstat import rss_mb, settled_cpu_seconds
+from bench.session_replay import TRACES
 from bench.to_messages import to_messages
 
 MARK = {"type": "ephemeral"}

@@ -1,0 +1,45 @@
+"""The Claude-style sessions of the overhead benchmark (bench/claude_sessions.py): one valid Messages request
+per model call, with Claude Code's cache markers, the newest one moving every turn."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+
+from bench.claude_sessions import claude_sessions, session_requests
+from bench.to_messages import breakpoints, violations
+
+CONVERSATION = [
+    {"role": "system", "content": "You are an agent."},
+    {"role": "user", "content": "Fix the failing test."},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "bash", "arguments": '{"cmd": "pytest"}'}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "FAILED tests/test_x.py::test_y - KeyError: 'id'"},
+    {"role": "assistant", "content": "The key is missing; reading the file."},
+    {"role": "user", "content": "Go on."},
+    {"role": "assistant", "content": "Done."},
+]
+
+
+def test_one_marked_request_per_model_call() -> None:
+    requests = [orjson.loads(body) for body in session_requests(CONVERSATION)]
+    assert len(requests) == 3  # before each assistant message
+    for body in requests:
+        assert violations(body) == []
+        assert body["system"][0]["cache_control"] == {"type": "ephemeral"}
+        assert body["messages"][-1]["content"][-1]["cache_control"] == {"type": "ephemeral"}
+        assert breakpoints(body) == 2
+    # The earlier turn's marked block is unmarked in the next request (the marker moved).
+    assert "cache_control" not in requests[1]["messages"][0]["content"][-1]
+    assert requests[1]["messages"][-1]["content"][0]["type"] == "tool_result"
+
+
+def test_sessions_come_half_from_each_source(tmp_path: Path) -> None:
+    for name, turns in (("miniswe_gemini3pro_swebv_dev.jsonl", 1), ("tau2bench_dev.jsonl", 2)):
+        lines = [orjson.dumps({"messages": [*CONVERSATION[:2 + 2 * n], CONVERSATION[-1]]})
+                 for n in range(turns, turns + 2)]
+        (tmp_path / name).write_bytes(b"\n".join(lines))
+    sessions = claude_sessions(3, tmp_path)
+    assert [len(s) for s in sessions] == [3, 2, 4]  # the longest of each first; the odd one to the first
