@@ -162,9 +162,10 @@ def test_a_merge_outside_the_vocabulary_is_not_taken_for_the_scheme(tmp_path: Pa
 
 def _small_byte_level_bpe(merges: list[str], added: list[str]) -> dict[str, object]:
     """A tokenizer file of the shape litellm's has: GPT-2's 256 byte stand-ins, then each merge's result."""
-    from proxy.claude_ranks import _byte_level_table
+    from proxy.claude_ranks import UNENCODABLE, _byte_level_table
 
-    vocab = {chr(code): rank for rank, code in enumerate(_byte_level_table())}
+    stand_ins = [code for code, byte in _byte_level_table().items() if byte != UNENCODABLE]
+    vocab = {chr(code): rank for rank, code in enumerate(stand_ins)}
     for merge in merges:
         vocab.setdefault(merge.replace(" ", ""), len(vocab))
     return {"version": "1.0", "truncation": None, "padding": None, "normalizer": {"type": "NFKC"},
@@ -202,3 +203,13 @@ def test_a_small_tokenizer_counts_the_same_both_ways(
         small_tokenizer: tuple[Counter, Counter], text: str) -> None:
     ours, oracle = small_tokenizer
     assert ours(text) == oracle(text)
+
+
+def test_a_file_whose_merges_make_the_same_bytes_twice_is_not_taken_for_the_scheme(tmp_path: Path) -> None:
+    from proxy.claude_ranks import claude_ranks
+
+    path = tmp_path / "tokenizer.json"
+    path.write_bytes(orjson.dumps(_small_byte_level_bpe(["a b", "b c", "ab c", "a bc"], [])))
+    assert claude_ranks(path) is None
+    path.write_bytes(orjson.dumps(_small_byte_level_bpe(["a b", "b c", "ab c"], [])))
+    assert claude_ranks(path) is not None
