@@ -10,6 +10,8 @@ history, bench/session_replay.py), server CPU seconds per 1,000 requests (/proc)
 cold start and RSS at start (issue 14). The `*_by_route` scenarios send the same small request through
 ctxproxy's chat, Anthropic Messages and OpenAI Responses routes (each against the fake upstream's own
 route, called directly), so the routes' added latency compare (goal: each within 0.3 ms of chat at p50).
+Last, Claude-style sessions on the Messages route (bench/claude_sessions.py): real sessions with Claude
+Code's moving cache marker, CPU per request against the floor's, each server fresh.
 """
 
 from __future__ import annotations
