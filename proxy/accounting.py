@@ -131,14 +131,33 @@ def account(row: Mapping[str, Any], prices: Prices | None) -> dict[str, Any]:
 
 def prefix_hit(previous: tuple[int, Any, int] | None, messages: list[Any]) -> int:
     """Tokens of the previous request when it is a prefix of `messages` (its length and last message
-    match: agents resend the whole history), else 0; under the providers' minimum it is not cached."""
+    match, cache markers aside: agents resend the whole history), else 0; under the providers' minimum
+    it is not cached. `previous` keeps its last message unmarked (or a digest of it, from a replica)."""
     if previous is None:
         return 0
     count, last, tokens = previous
-    if not 0 < count <= len(messages) or messages[count - 1] != last:
+    if not 0 < count <= len(messages) or unmarked(messages[count - 1]) != last:
         return 0
     return tokens if tokens >= CACHE_MIN_TOKENS else 0
 
 
 def _int(value: Any) -> int:
     return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
+
+
+def unmarked(message: Any) -> Any:
+    """`message` without its cache markers: clients of Anthropic models move theirs to the newest message
+    every turn (on the chat route, in content parts; the Messages codec keeps them apart), which edits the
+    one before it in nothing a layer reads and leaves the provider's cached prefix as it was."""
+    if not isinstance(message, dict):
+        return message
+    content = message.get("content")
+    parts = content if isinstance(content, list) else []
+    marked = "cache_control" in message or any(isinstance(p, dict) and "cache_control" in p for p in parts)
+    if not marked:
+        return message
+    plain = {k: v for k, v in message.items() if k != "cache_control"}
+    if parts:
+        plain["content"] = [{k: v for k, v in p.items() if k != "cache_control"} if isinstance(p, dict) else p
+                            for p in parts]
+    return plain

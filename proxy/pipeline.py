@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy import budget, telemetry
-from proxy.accounting import prefix_hit
+from proxy.accounting import prefix_hit, unmarked
 from proxy.archive import TableRow, utc_now
 from proxy.assembly import HEAD, TAIL, TASK, Assembly, Fragment, assemble, place
 from proxy.checkpoint import write_checkpoint
@@ -201,8 +201,11 @@ def _run(conversation: Conversation, context: PipelineContext, state: SessionSta
     client_cached = prefix_hit(state.last_client, client.messages)
     kept_prefix = not (decided or evicted or offered_before != state.internal_tools_offered)
     forwarded_cached = prefix_hit(state.last_forwarded, result.messages) if kept_prefix else 0
-    state.last_client = (len(client.messages), client.messages[-1] if client.messages else None, before)
-    state.last_forwarded = (len(result.messages), result.messages[-1] if result.messages else None, total)
+    # (the last messages kept without their cache markers, which an Anthropic client moves every turn)
+    state.last_client = (len(client.messages), unmarked(client.messages[-1]) if client.messages else None,
+                         before)
+    state.last_forwarded = (len(result.messages), unmarked(result.messages[-1]) if result.messages else None,
+                            total)
     return Outcome(result.messages, tools, changed=result.messages is not client.messages
                    or tools is not conversation.tools, tokens_before=before, tokens_after=total,
                    client_cached=client_cached, forwarded_cached=forwarded_cached, decided=dict(decided),
@@ -281,23 +284,6 @@ def observe_entities(messages: list[dict[str, Any]], state: SessionState, contex
         # name no entity — a text-protocol agent's — wrote its last message out on every request.)
         context.store.save_memory(state, "working", {"version": 1, "memory": state.memory.to_dict(),
                                                      "seen": state.memory_seen, "last": state.memory_last})
-
-
-def unmarked(message: Any) -> Any:
-    """`message` without its cache markers: Anthropic clients move theirs to the newest message every
-    turn, which edits the one before it in nothing a layer reads."""
-    if not isinstance(message, dict):
-        return message
-    content = message.get("content")
-    parts = content if isinstance(content, list) else []
-    marked = "cache_control" in message or any(isinstance(p, dict) and "cache_control" in p for p in parts)
-    if not marked:
-        return message
-    plain = {k: v for k, v in message.items() if k != "cache_control"}
-    if parts:
-        plain["content"] = [{k: v for k, v in p.items() if k != "cache_control"} if isinstance(p, dict) else p
-                            for p in parts]
-    return plain
 
 
 def needs_model_summaries(conversation: Conversation, context: PipelineContext) -> Pending:

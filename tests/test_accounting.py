@@ -87,6 +87,25 @@ def test_prefix_hit_needs_the_previous_request_as_a_prefix():
     assert prefix_hit((3, history[2], 5000), history) == 5000
     assert prefix_hit((3, {"role": "user", "content": "edited"}, 5000), history) == 0
     assert prefix_hit((5, history[3], 5000), history) == 0  # longer than this request: not a prefix
+
+
+def test_prefix_hit_takes_a_moved_cache_marker_for_no_edit() -> None:
+    """An Anthropic client marks its newest message every turn: the previous request's last message comes
+    back without the marker, and a block marked in a part is compared without it too."""
+    from proxy.accounting import unmarked
+    from proxy.state_snapshot import MessageDigest
+
+    plain = {"role": "user", "content": [{"type": "text", "text": "run the tests"}]}
+    marked = {"role": "user", "content": [{"type": "text", "text": "run the tests", "cache_control": {}}]}
+    assert unmarked(marked) == plain and unmarked(plain) is plain
+    assert unmarked({**plain, "cache_control": {"type": "ephemeral"}}) == plain
+    history = [{"role": "system", "content": "s"}, plain, {"role": "assistant", "content": "ok"}, marked]
+    assert prefix_hit((2, unmarked(marked), 5000), history) == 5000  # the marker moved off it
+    assert prefix_hit((2, MessageDigest(MessageDigest.of(unmarked(marked))), 5000), history) == 5000
+    # A marker set on the message the previous request ended with (a client that marks two messages).
+    assert prefix_hit((2, plain, 5000), [history[0], marked, *history[2:]]) == 5000
+    edited = {"role": "user", "content": [{"type": "text", "text": "run the linter", "cache_control": {}}]}
+    assert prefix_hit((2, unmarked(edited), 5000), history) == 0
     assert prefix_hit((3, history[2], 1000), history) == 0  # under the providers' minimum
     assert prefix_hit(None, history) == 0
 

@@ -6,6 +6,7 @@ memory is saved when it starts or changes, and a session restored from it ends u
 from __future__ import annotations
 
 import copy
+import itertools
 from collections import Counter
 from typing import Any
 
@@ -190,5 +191,24 @@ def test_a_cache_marker_moved_to_the_newest_message_is_no_edited_history_for_wor
         pipeline.run(pipeline.Conversation(MODEL, prefix, None), context(plain, loaded))
     assert marked_archive.working_writes == plain_archive.working_writes == 1  # when it started
     assert marked.get("tenant-a", "s").memory.entities == plain.get("tenant-a", "s").memory.entities
-    in_a_part = {"role": "user", "content": [{"type": "text", "text": "a", "cache_control": {}}]}
-    assert pipeline.unmarked(in_a_part) == {"role": "user", "content": [{"type": "text", "text": "a"}]}
+
+
+def test_a_cache_marker_moved_to_the_newest_message_keeps_the_client_side_cache_estimate() -> None:
+    """The accounting's baseline (what the client's own request would have cost) counts the previous
+    request as cached when it is a prefix of this one: a marker that moved off its last message is no
+    edit (the provider's cached prefix stays). Chat clients sending Anthropic's markers in content parts
+    (for OpenRouter, LiteLLM) move them every turn: each turn looked uncached, the savings overstated."""
+    loaded = LoadedPolicy("t", Policy(), None)
+    live = StateStore(persist=lambda row: None, lookup=None)
+    turns = [{"role": "system", "content": "You are an agent. " * 300}]
+    outcomes = []
+    for number in range(3):
+        turns.append({"role": "user", "content": [{"type": "text", "text": f"step {number}: go on"}]})
+        marked_block = {**turns[-1]["content"][0], "cache_control": {"type": "ephemeral"}}
+        newest = {**turns[-1], "content": [marked_block]}
+        outcomes.append(pipeline.run(pipeline.Conversation(MODEL, [*turns[:-1], newest], None),
+                                     context(live, loaded)))
+        turns.append({"role": "assistant", "content": f"done {number}"})
+    assert outcomes[0].tokens_before >= 1024
+    for earlier, later in itertools.pairwise(outcomes):
+        assert later.client_cached == earlier.tokens_before
