@@ -187,6 +187,26 @@ def test_costs_are_archived_reported_and_counted(make_proxy, fake_upstream, caps
     assert not any("zebra" in r.getMessage() or "project rules" in r.getMessage() for r in lines)
 
 
+def test_a_cache_marker_moved_every_turn_keeps_the_baselines_cache_hit(make_proxy, fake_upstream):
+    """A chat client sending Anthropic's markers in content parts (for OpenRouter, LiteLLM) marks its newest
+    message every turn: through the server, each later turn shares the earlier one as its cached prefix
+    (the hit a rewritten request's baseline counts; it counted none, so the savings were overstated)."""
+    proxy = make_proxy(PRICING)
+    client = proxy.client(default_headers={"x-ctxproxy-session": "acct-marker"})
+    fake_upstream.then(*(usage_reply(2000, 0) for _ in range(3)))
+    history: list[dict] = [{"role": "system", "content": SYSTEM}]
+    for number in range(3):
+        history.append({"role": "user", "content": [{"type": "text", "text": f"step {number}"}]})
+        marked = {**history[-1]["content"][0], "cache_control": {"type": "ephemeral"}}
+        newest = {**history[-1], "content": [marked]}
+        client.chat.completions.create(model="acct-model", messages=[*history[:-1], newest])
+        history.append({"role": "assistant", "content": "ok"})
+    first, *later = rows(proxy, "acct-marker")
+    assert first["client_cached_tokens"] == 0
+    expected = [first["tokens_before"], later[0]["tokens_before"]]
+    assert [row["client_cached_tokens"] for row in later] == expected
+
+
 def test_a_streamed_exchange_records_its_upstream_time(make_proxy, fake_upstream):
     proxy = make_proxy(PRICING)
     client = proxy.client(default_headers={"x-ctxproxy-session": "acct-stream"})
