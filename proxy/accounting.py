@@ -132,11 +132,11 @@ def account(row: Mapping[str, Any], prices: Prices | None) -> dict[str, Any]:
 def prefix_hit(previous: tuple[int, Any, int] | None, messages: list[Any]) -> int:
     """Tokens of the previous request when it is a prefix of `messages` (its length and last message
     match, cache markers aside: agents resend the whole history), else 0; under the providers' minimum
-    it is not cached. `previous` keeps its last message unmarked (or a digest of it, from a replica)."""
+    it is not cached. `previous`'s last message may be a replica's digest of it, unmarked."""
     if previous is None:
         return 0
     count, last, tokens = previous
-    if not 0 < count <= len(messages) or unmarked(messages[count - 1]) != last:
+    if not 0 < count <= len(messages) or unmarked(messages[count - 1]) != unmarked(last):
         return 0
     return tokens if tokens >= CACHE_MIN_TOKENS else 0
 

@@ -201,11 +201,8 @@ def _run(conversation: Conversation, context: PipelineContext, state: SessionSta
     client_cached = prefix_hit(state.last_client, client.messages)
     kept_prefix = not (decided or evicted or offered_before != state.internal_tools_offered)
     forwarded_cached = prefix_hit(state.last_forwarded, result.messages) if kept_prefix else 0
-    # (the last messages kept without their cache markers, which an Anthropic client moves every turn)
-    state.last_client = (len(client.messages), unmarked(client.messages[-1]) if client.messages else None,
-                         before)
-    state.last_forwarded = (len(result.messages), unmarked(result.messages[-1]) if result.messages else None,
-                            total)
+    state.last_client = (len(client.messages), client.messages[-1] if client.messages else None, before)
+    state.last_forwarded = (len(result.messages), result.messages[-1] if result.messages else None, total)
     return Outcome(result.messages, tools, changed=result.messages is not client.messages
                    or tools is not conversation.tools, tokens_before=before, tokens_after=total,
                    client_cached=client_cached, forwarded_cached=forwarded_cached, decided=dict(decided),

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from proxy.accounting import unmarked
+
 if TYPE_CHECKING:
     from proxy.session_state import SessionState
 
@@ -45,7 +47,7 @@ def snapshot(state: SessionState) -> dict[str, Any]:
             runs[-1][1] += 1
         else:
             runs.append([at, 1])
-    previous = {name: [prefix[0], MessageDigest.of(prefix[1]), prefix[2]] if prefix else None
+    previous = {name: [prefix[0], MessageDigest.of(unmarked(prefix[1])), prefix[2]] if prefix else None
                 for name, prefix in (("last_client", state.last_client),
                                      ("last_forwarded", state.last_forwarded))}
     return {"history_len": state.history_len, "injected_tokens": state.injected_tokens, "first_seen": runs,

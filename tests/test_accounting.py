@@ -102,8 +102,19 @@ def test_prefix_hit_takes_a_moved_cache_marker_for_no_edit() -> None:
     history = [{"role": "system", "content": "s"}, plain, {"role": "assistant", "content": "ok"}, marked]
     assert prefix_hit((2, unmarked(marked), 5000), history) == 5000  # the marker moved off it
     assert prefix_hit((2, MessageDigest(MessageDigest.of(unmarked(marked))), 5000), history) == 5000
+    assert prefix_hit((2, marked, 5000), history) == 5000  # (kept as it was sent)
     # A marker set on the message the previous request ended with (a client that marks two messages).
     assert prefix_hit((2, plain, 5000), [history[0], marked, *history[2:]]) == 5000
+    # A session caught up from a replica knows the previous last message by its digest, unmarked.
+    from proxy.session_state import SessionState
+    from proxy.state_snapshot import restore, snapshot
+
+    sent = SessionState("tenant-a", "s")
+    sent.last_client = (2, marked, 5000)
+    caught_up = SessionState("tenant-a", "s")
+    restore(caught_up, orjson.loads(orjson.dumps(snapshot(sent))))
+    assert isinstance(caught_up.last_client[1], MessageDigest)
+    assert prefix_hit(caught_up.last_client, history) == 5000
     edited = {"role": "user", "content": [{"type": "text", "text": "run the linter", "cache_control": {}}]}
     assert prefix_hit((2, unmarked(edited), 5000), history) == 0
     assert prefix_hit((3, history[2], 1000), history) == 0  # under the providers' minimum

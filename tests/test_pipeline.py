@@ -212,3 +212,20 @@ def test_a_cache_marker_moved_to_the_newest_message_keeps_the_client_side_cache_
     assert outcomes[0].tokens_before >= 1024
     for earlier, later in itertools.pairwise(outcomes):
         assert later.client_cached == earlier.tokens_before
+
+
+def test_a_resent_marked_message_still_lets_the_next_request_onto_the_event_loop() -> None:
+    """A client that keeps a marker on a message (Anthropic's two-breakpoint pattern: the last two user
+    turns) resends it as the very object: the session's previous request is still continued (the cache
+    estimate compares without markers, the loop's check by identity)."""
+    loaded = LoadedPolicy("t", Policy(), None)
+    live = StateStore(persist=lambda row: None, lookup=None)
+    block = {"type": "text", "text": "fix it", "cache_control": {"type": "ephemeral"}}
+    marked = {"role": "user", "content": [block]}
+    first = [{"role": "system", "content": "You are an agent. " * 300}, marked]
+    pipeline.run(pipeline.Conversation(MODEL, first, None), context(live, loaded))
+    following = [*first, {"role": "assistant", "content": "done"}, {"role": "user", "content": "next"}]
+    ctx = context(live, loaded)
+    ctx.wait, ctx.fresh_bytes = False, len(orjson.dumps(following[2:]))
+    outcome = pipeline.run(pipeline.Conversation(MODEL, following, None), ctx)  # (no WouldBlock)
+    assert outcome.client_cached > 0
