@@ -25,6 +25,7 @@ from bench.session_replay import TRACES
 from bench.to_messages import to_messages
 
 MARK = {"type": "ephemeral"}
+HEADERS = {"x-api-key": "sk-ant-bench", "anthropic-version": "2023-06-01", "content-type": "application/json"}
 SOURCES = ("miniswe_gemini3pro_swebv_dev.jsonl", "tau2bench_dev.jsonl")
 
 
@@ -104,5 +105,3 @@ def measure(starters: dict[str, Callable[[], Any]], started: list[Any], sessions
         service.stop()
     return found
 
-
-HEADERS = {"x-api-key": "sk-ant-bench", "anthropic-version": "2023-06-01", "content-type": "application/json"}

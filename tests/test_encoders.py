@@ -129,6 +129,17 @@ def test_claudes_counts_through_tiktoken_hold_on_tricky_text(pieces: list[str]) 
     assert _encoder("claude")(text) == _tokenizers_count()([text])[0]
 
 
+def test_the_shipped_file_is_counted_without_tokenizers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tiktoken route is the one taken for litellm's file (the equality tests above would pass on
+    `tokenizers` itself): with `tokenizers` unimportable, its counter still builds and counts."""
+    from proxy.encoders import CLAUDE_FILE, _claude_counter, _litellm_resource_dir
+
+    expected = _tokenizers_count()(["Hello world <EOT>"])[0]
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # (`from tokenizers import ...` raises)
+    count = _claude_counter(_litellm_resource_dir() / CLAUDE_FILE)
+    assert count("Hello world <EOT>") == expected > 1
+
+
 def test_a_tokenizer_file_of_another_shape_is_counted_by_tokenizers(tmp_path: Path) -> None:
     """The tiktoken route only takes the shape it reproduces; a file with another normalizer (a future
     litellm's) is counted by `tokenizers`, as before."""

@@ -75,13 +75,12 @@ class _Body:
 
     def reusable(self, raw: bytes) -> int:
         """How many leading elements `raw` repeats byte for byte (memcmp stops at the first difference:
-        another session's body, which differs early, costs next to nothing)."""
+        another session's body, which differs early, costs next to nothing). The search, for a body not
+        resent whole (`resent_whole` tells that in one call; `_best` asks it first)."""
         ends, mine = self.layout.ends, self.raw
-        if self.resent_whole(raw):
-            return len(ends)
         # The largest n with the first n elements repeated: galloping from the start first, so a body
         # that parts early (another session of the same agent: its task differs) costs a call or two.
-        low, high, step = 0, len(ends) - 1, 1
+        low, high, step = 0, len(ends), 1
         while low + step <= high:
             if not _same_start(raw, mine, ends[low + step - 1]):
                 high = low + step - 1
