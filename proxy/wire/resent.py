@@ -23,11 +23,12 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
+from proxy.held_memory import held_bytes
 from proxy.wire.splice import Spans
 
 # A smaller body is parsed whole every request: tens of microseconds, and its few dozen messages, new
@@ -54,6 +55,7 @@ class _Layout:
     head: dict[str, Any]  # the top-level keys before the array (parsed), in order
     ends: list[int]
     opening: int  # the offset just past the array's `[`
+    held: list[int] = field(default_factory=list)  # memory its first n+1 parsed elements hold (cumulative)
 
 
 @dataclass
@@ -66,9 +68,13 @@ class Resent:
 
 
 class _Body:
-    def __init__(self, raw: bytes, body: dict[str, Any], layout: _Layout) -> None:
+    def __init__(self, raw: bytes, body: dict[str, Any], layout: _Layout, head_held: int = 0) -> None:
         self.raw, self.body, self.layout = raw, body, layout
         self.spans: Spans | None = None  # handed to the codec (wire/splice.py), once checked
+        self.head_held = head_held  # memory the parsed keys beside the array hold (tools, system...)
+        # What remembering it holds: its bytes and its parse (1.1 to 4 times the bytes in ../shared/traces:
+        # counting the bytes alone let the cache hold several times its budget).
+        self.cost = len(raw) + head_held + (layout.held[-1] if layout.held else 0)
 
     def resent_whole(self, raw: bytes) -> bool:
         return _same_start(raw, self.raw, self.layout.ends[-1])
@@ -127,7 +133,8 @@ def _same_start(raw: bytes, mine: bytes, size: int) -> bool:
 
 
 class ResentBodies:
-    """Recently parsed large bodies, grouped by their opening bytes; at most `limit_bytes` of them."""
+    """Recently parsed large bodies, grouped by their opening bytes: at most `limit_bytes` of memory,
+    their bytes and their parse."""
 
     def __init__(self, limit_bytes: int = 64 * 1024 * 1024, min_bytes: int = MIN_BYTES,
                  group_prefix: int = GROUP_PREFIX) -> None:
@@ -187,8 +194,12 @@ class ResentBodies:
         if parsed is None:
             return None
         body, tail_ends = parsed
-        entry = None if tail_ends is None else \
-            _Body(raw, body, _Layout(layout.head, layout.ends[:reused] + tail_ends, layout.opening))
+        entry = None
+        if tail_ends is not None:
+            base, new = layout.held[reused - 1], itertools.accumulate(map(held_bytes, body[key][reused:]))
+            held = layout.held[:reused] + [base + n for n in new]
+            entry = _Body(raw, body, _Layout(layout.head, layout.ends[:reused] + tail_ends, layout.opening,
+                                             held), best.head_held)
         return Resent(body, reused, group, entry, best)
 
     def keep(self, resent: Resent) -> None:
@@ -208,7 +219,8 @@ class ResentBodies:
         layout = layout_of(raw, key, len(body[key]))
         if layout is not None and layout.ends and all(k in body for k in layout.head):
             layout.head = {k: body[k] for k in layout.head}  # the body's own objects, as for messages
-            entry = _Body(raw, body, layout)
+            layout.held = list(itertools.accumulate(map(held_bytes, body[key])))
+            entry = _Body(raw, body, layout, held_bytes(layout.head))
             entry.spans = Spans(raw, layout.opening, layout.ends)
             self._keep((key, raw[:self.group_prefix]), entry)
             return entry.spans
@@ -223,7 +235,7 @@ class ResentBodies:
                 self._drop(id(members[0]))
             self._groups.setdefault(group, []).append(entry)
             self._order[id(entry)] = (group, entry)
-            self._bytes += len(entry.raw)
+            self._bytes += entry.cost
             while self._bytes > self.limit_bytes and self._order:
                 self._drop(next(iter(self._order)))
 
@@ -240,7 +252,7 @@ class ResentBodies:
 
     def _drop(self, entry_id: int) -> None:
         group, entry = self._order.pop(entry_id)
-        self._bytes -= len(entry.raw)
+        self._bytes -= entry.cost
         members = self._groups[group]
         members.remove(entry)
         if not members:

@@ -4,12 +4,14 @@ always what a full parse gives, and the repeated messages are the earlier parse'
 from __future__ import annotations
 
 import json
+import tracemalloc
 from typing import Any
 
 import orjson
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from proxy.held_memory import held_bytes
 from proxy.wire import resent
 from proxy.wire.resent import ResentBodies, layout_of
 from tests.strategies import dump_styled as dump
@@ -126,6 +128,52 @@ def test_small_bodies_are_not_remembered_and_memory_is_bounded() -> None:
     off = ResentBodies(limit_bytes=0, min_bytes=0)
     off.remember(raw, "messages", orjson.loads(raw))
     assert off.held_bytes == 0 and off.parse(raw, "messages") is None
+
+
+def _structured(session: int, turns: int) -> list[dict[str, Any]]:
+    """A tau2-bench-like history: many small fields, so its parse holds ~4 times its bytes."""
+    def parts(n: int) -> list[dict[str, Any]]:
+        return [{"type": "text", "text": f"{session}:{n}:{k}", "flags": [k, k + 1]} for k in range(8)]
+
+    return [{"role": "tool", "tool_call_id": f"c{session}-{n}", "content": parts(n)} for n in range(turns)]
+
+
+def test_the_budget_holds_for_the_memory_the_parsed_bodies_hold() -> None:
+    """The budget is what remembering holds, the parse included (counting the bytes alone let bodies like
+    these hold four times it). Measured by tracemalloc: the cache and nothing else holds them."""
+    limit = 512 * 1024
+    cache = ResentBodies(limit_bytes=limit, min_bytes=0, group_prefix=1)
+    bodies = [orjson.dumps({"model": "m", "messages": _structured(session, 60)}) for session in range(60)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for raw in bodies:
+            cache.remember(raw, "messages", orjson.loads(raw))
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert sum(map(len, bodies)) > 2 * limit  # (more than the budget, even by their bytes alone)
+    assert cache.held_bytes <= limit
+    assert held <= 1.25 * limit
+
+
+def test_a_growing_session_is_counted_as_its_bytes_and_its_parse() -> None:
+    """Each turn's body builds on the previous one's parse: what it holds is summed from what was counted
+    for the elements it reuses and the new ones alone, and it equals a count of the whole."""
+    cache = ResentBodies(min_bytes=0, group_prefix=1)
+    before = {"model": "m", "tools": [{"name": "lookup", "schema": {"type": "object"}}]}
+    history = _structured(0, 3)
+    raw = orjson.dumps({**before, "messages": history})
+    cache.remember(raw, "messages", orjson.loads(raw))
+    for turn in range(5):
+        history += _structured(1, turn + 1)[turn:]
+        raw = orjson.dumps({**before, "messages": history})
+        got = cache.parse(raw, "messages")
+        assert got is not None
+        cache.keep(got)
+        whole = orjson.loads(raw)
+        tools_and_model = held_bytes({k: whole[k] for k in before})
+        assert cache.held_bytes == len(raw) + tools_and_model + sum(map(held_bytes, whole["messages"]))
 
 
 def test_only_checked_bodies_are_built_on() -> None:

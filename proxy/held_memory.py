@@ -1,0 +1,32 @@
+"""The memory a parsed JSON value holds, for caches whose budget is memory (the resent bodies, the
+session states that carry a history from request to request)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+SHARED_KEY = 64  # orjson makes one object for a dict key up to this long, shared by every parse
+
+
+def held_bytes(value: Any) -> int:
+    """What `value`'s objects hold (its short keys, orjson's shared ones, aside). A cost per object, not
+    per byte (a string's size is known): ~1.5 ms for a 2 MB agent history of 1,200 messages."""
+    size, pending = 0, [value]
+    pop, push, getsizeof = pending.pop, pending.extend, sys.getsizeof
+    while pending:  # (no recursion: however deeply the JSON nests)
+        item = pop()
+        size += getsizeof(item)
+        if type(item) is dict:
+            push(item.values())
+            for key in item:
+                if len(key) > SHARED_KEY:
+                    size += getsizeof(key)
+        elif type(item) is list:
+            push(item)
+    return size
+
+
+def held_total(values: Iterable[Any]) -> int:
+    return sum(map(held_bytes, values))
