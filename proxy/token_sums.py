@@ -5,7 +5,8 @@ client's messages before anything else. Looking every message up again costs ~0.
 machine (0.6 ms for 1,200 messages) though all but the new ones were summed last time; here a session
 keeps the last few lists it summed (as copies: a list changed later in place cannot make a total wrong)
 with their totals, and a list that starts with one of them, object for object (one pass comparing
-pointers in C), costs that total plus its new messages. Message objects are never edited in place
+pointers in C), costs that total plus its new messages (or, for a client that edits its newest
+message every turn, all but that message's). Message objects are never edited in place
 (tests/test_invariants.py), so the same objects have the same counts.
 """
 
@@ -38,7 +39,21 @@ def extended_total(recent: Summed, messages: list[dict[str, Any]],
             found = total + total_of(messages[length:])
             break
     else:
-        found = total_of(messages)
+        edited = _edited_tail(recent, messages, total_of)
+        found = total_of(messages) if edited is None else edited
     recent.insert(0, (list(messages), found))
     del recent[RECENT:]
     return found
+
+
+def _edited_tail(recent: Summed, messages: list[dict[str, Any]],
+                 total_of: Callable[[list[dict[str, Any]]], int]) -> int | None:
+    """The total of `messages` when it starts with all but the last of a remembered list: a client that
+    edits its newest message every turn (Anthropic's clients move their cache marker to the newest, so
+    the previous last message comes back as another object). None when none does."""
+    for earlier, total in recent:
+        kept = len(earlier) - 1
+        if 0 < kept <= len(messages) and messages[kept - 1] is earlier[kept - 1] \
+                and starts_with(messages, earlier[:kept]):
+            return total - total_of(earlier[kept:]) + total_of(messages[kept:])
+    return None

@@ -105,3 +105,21 @@ def test_the_counter_carries_a_sessions_totals_across_requests() -> None:
             got = counter.messages(history[:end], "gpt-4o")
         assert got == fresh.messages(history[:end], "gpt-4o") > REPLY_PRIMING
     assert len(sums["gpt-4o"]) == token_sums.RECENT
+
+
+def test_a_history_whose_newest_message_is_edited_every_turn_sums_only_that_and_what_is_new() -> None:
+    """Anthropic's clients move their cache marker to the newest message every turn: the previous last
+    message comes back as another object. Its old count comes off, its new one and the new ones go on."""
+    asked: list[int] = []
+
+    def spy(messages: list[Message]) -> int:
+        asked.append(len(messages))
+        return total_of(messages)
+
+    history = [{"content": f"m{n}"} for n in range(100)]
+    recent: Summed = []
+    for turn in range(3):
+        marked = [*history[:-1], {**history[-1], "content": history[-1]["content"] + " (marked)"}]
+        assert extended_total(recent, marked, spy) == total_of(marked)
+        history = [*history, {"content": f"turn {turn}"}]
+    assert asked == [100, 1, 2, 1, 2]  # the first whole; then the previous last message, and the two after
