@@ -93,7 +93,8 @@ def run(conversation: Conversation, context: PipelineContext) -> Outcome:
             raise WouldBlock("a large request that may rewrite in a batch")  # (nothing done yet)
         with context.tokens.request_scope(state.counted, state.walks.setdefault("token sums", {})):
             outcome = _run(conversation, context, state)
-        forget_counts(state, conversation.messages, outcome.tokens_before)
+        carried = forget_counts(state, conversation.messages, outcome.tokens_before)
+        context.store.carry(state, conversation.messages, carried)
         return outcome
 
 
@@ -115,13 +116,14 @@ def little_to_do(state: SessionState, context: PipelineContext, conversation: Co
 CARRY_FROM_TOKENS = 2_000  # about the body size (8 KB) from which a resent history is the same objects
 
 
-def forget_counts(state: SessionState, messages: list[dict[str, Any]], tokens: int) -> None:
+def forget_counts(state: SessionState, messages: list[dict[str, Any]], tokens: int) -> bool:
     """Keep what is carried from request to request (token counts, rewritten copies) to the client's
     messages and their copies once other objects (blocks, an edited history) outnumber them; nothing
-    for a short history, whose next request is parsed anew (new objects: nothing would be found)."""
+    for a short history, whose next request is parsed anew (new objects: nothing would be found).
+    Whether the messages are carried."""
     if tokens < CARRY_FROM_TOKENS:
         state.counted, state.rewrites, state.walks = {}, {}, {}
-        return
+        return False
     counted = sum(len(by_id) for by_id in state.counted.values())
     if counted > 3 * len(messages) + 256 or len(state.rewrites) > len(messages) + 256:
         keep = {id(m) for m in messages}
@@ -129,6 +131,7 @@ def forget_counts(state: SessionState, messages: list[dict[str, Any]], tokens: i
         keep.update(id(copy) for _, copy in state.rewrites.values())
         state.counted = {model: {k: v for k, v in by_id.items() if k in keep}
                          for model, by_id in state.counted.items()}
+    return True
 
 
 def _run(conversation: Conversation, context: PipelineContext, state: SessionState) -> Outcome:

@@ -77,6 +77,7 @@ class SessionState:
     # Requests of one session are rewritten one at a time (the pipeline runs in worker threads).
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     size: int = _SESSION_OVERHEAD  # approximate bytes held, for the store's byte budget
+    carried_bytes: int = 0  # of which the client's messages kept from its last request (StateStore.carry)
     # With a ledger (replicas): the version of the session's committed state this copy reflects, and
     # how often each kind of decision row had been written then.
     version: int = 0

@@ -18,6 +18,7 @@ import orjson
 
 from proxy.archive import TableRow, utc_now
 from proxy.errors import StorageUnavailable
+from proxy.held_memory import held_total
 from proxy.layers.auto_summary import Headline
 from proxy.layers.folded import FoldedMemory
 from proxy.layers.splices import loads as load_splices
@@ -25,6 +26,7 @@ from proxy.layers.working_memory import WorkingMemory
 from proxy.session_state import SessionState, StoredResult, WindowState
 from proxy.state_snapshot import restore, snapshot
 from proxy.store.ledger import LedgerEntry, SessionLedger
+from proxy.token_sums import extended_total
 
 CACHE_BYTES = 64 * 1024 * 1024  # the default byte budget of the in-process session cache
 UNKNOWN_HISTORY = 1 << 30  # history_len of a session rebuilt from the archive
@@ -227,6 +229,15 @@ class StateStore:
             if self._sessions.get((state.tenant, state.session_id)) is state:
                 self._bytes += added
                 self._shrink()
+
+    def carry(self, state: SessionState, messages: list[dict[str, Any]], carried: bool) -> None:
+        """Account for the client's messages a state keeps until the session's next request (its counts,
+        rewrites and walks are keyed by them): their memory, summed past what an earlier request summed
+        (token_sums.py). Uncounted, idle sessions of long histories each held their last parse whatever
+        the budget (100 of ~300 KB: ~40 MB)."""
+        held = extended_total(state.walks.setdefault("held sums", []), messages, held_total) if carried else 0
+        self.grow(state, held - state.carried_bytes)
+        state.carried_bytes = held
 
     def _shrink(self) -> None:
         """Drop least recently used states over the budget, but never one a request is rewriting."""

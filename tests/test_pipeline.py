@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from proxy import budget, pipeline
 from proxy.errors import ContextLengthExceeded
+from proxy.held_memory import held_total
 from proxy.layers.tool_results import SUMMARY
 from proxy.policy import LoadedPolicy, Policy
 from proxy.session import Session
@@ -229,3 +230,26 @@ def test_a_resent_marked_message_still_lets_the_next_request_onto_the_event_loop
     ctx.wait, ctx.fresh_bytes = False, len(orjson.dumps(following[2:]))
     outcome = pipeline.run(pipeline.Conversation(MODEL, following, None), ctx)  # (no WouldBlock)
     assert outcome.client_cached > 0
+
+
+def test_idle_sessions_of_long_histories_stay_within_the_state_budget() -> None:
+    """A session keeps its last request's messages (counts, rewrites and walks are keyed by them, for a
+    resent history's next turn): their memory counts in the budget, summed past what was summed before.
+    Before, sessions whose results were all short held their whole last parse each, uncounted."""
+    loaded = LoadedPolicy("t", Policy.model_validate({"window": {"enabled": False}}), None)
+    store = StateStore(budget_bytes=2_000_000)
+    histories = {}
+    for n in range(30):  # 30 sessions of ~250 KB of parsed history: about four times the budget
+        history: list[dict[str, Any]] = [{"role": "user", "content": f"task {n}"}]
+        for turn in range(3):  # a resent history: the very same objects and more
+            history = [*history, *({"role": "assistant", "content": f"step {turn}.{k} " + "ok " * 1200}
+                                   for k in range(20))]
+            ctx = pipeline.PipelineContext(loaded, Session(f"s{n}", "header"), "tenant-a", TOKENS, store)
+            pipeline.run(pipeline.Conversation(MODEL, history, None), ctx)
+            state = store.get("tenant-a", f"s{n}")
+            assert state.carried_bytes == held_total(history)
+        histories[n] = history
+        assert store.cached_bytes <= store.budget_bytes
+    held = store.states()
+    assert 1 < len(held) < 15 and held[-1].session_id == "s29"  # the least recently used ones left
+    assert store.cached_bytes >= sum(held_total(histories[int(s.session_id[1:])]) for s in held)
