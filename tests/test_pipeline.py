@@ -239,7 +239,7 @@ def test_idle_sessions_of_long_histories_stay_within_the_state_budget() -> None:
     loaded = LoadedPolicy("t", Policy.model_validate({"window": {"enabled": False}}), None)
     store = StateStore(budget_bytes=2_000_000)
     histories = {}
-    for n in range(30):  # 30 sessions of ~250 KB of parsed history: about four times the budget
+    for n in range(30):  # 30 sessions of ~220 KB of parsed history: over three times the budget
         history: list[dict[str, Any]] = [{"role": "user", "content": f"task {n}"}]
         for turn in range(3):  # a resent history: the very same objects and more
             history = [*history, *({"role": "assistant", "content": f"step {turn}.{k} " + "ok " * 1200}
