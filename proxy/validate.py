@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 import orjson
 
 from proxy.errors import BadRequest
-from proxy.wire.resent import parsed, remember_checked
+from proxy.wire.resent import checked_keys, parsed, remember_checked
 from proxy.wire.splice import Spans
 
 MAX_DEPTH = 128  # containers, the body itself being level 1 (orjson.dumps refuses level 255)
@@ -39,7 +39,7 @@ def parse_chat_body(raw: bytes) -> tuple[dict[str, Any], Spans | None]:
     body, known, resent = parsed(raw, "messages", loads)
     if type(body) is not dict:
         raise BadRequest("request body must be a JSON object", code="invalid_json")
-    validate_chat_request(body, start=known)
+    validate_chat_request(body, start=known, checked=checked_keys(resent))
     return body, remember_checked(raw, "messages", body, resent)
 
 
@@ -78,7 +78,9 @@ def loads(raw: bytes) -> Any:
     except orjson.JSONDecodeError as exc:
         # Past orjson's depth limit the stdlib would recurse ~1,000 frames deep, where a finalizer the
         # garbage collector runs cannot run (an "exception ignored"): refused here.
-        if str(exc).startswith("depth limit exceeded"):
+        if str(exc).startswith("depth limit exceeded") or _nested_deeper(raw, MAX_DEPTH):
+            # (orjson may stop at another mistake first: a body nested past the limit is refused anyway,
+            # and the stdlib is never sent down ~1,000 levels)
             raise BadRequest(f"request body is nested too deeply (more than {MAX_DEPTH} levels)",
                              code="invalid_json") from None
     try:
@@ -93,6 +95,23 @@ def loads(raw: bytes) -> Any:
         raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from None
     _reject_lone_surrogates(value)
     return value
+
+
+_STRING_OR_BRACKET = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"|[\[\]{}]')
+
+
+def _nested_deeper(raw: bytes, limit: int) -> bool:
+    """Whether brackets outside strings nest past `limit` anywhere in `raw` (a body orjson refused)."""
+    depth = 0
+    for match in _STRING_OR_BRACKET.finditer(raw):
+        char = raw[match.start()]
+        if char in b"[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif char != 0x22:
+            depth -= 1
+    return False
 
 
 def _reject_lone_surrogates(value: Any) -> None:
@@ -166,9 +185,11 @@ def _check_depth(value: Any, level: int, param: str) -> None:
         _fail(param, f"'{param}' is nested more than {MAX_DEPTH} levels deep", code="nesting_too_deep")
 
 
-def validate_chat_request(body: dict[str, Any], start: int = 0) -> None:
+def validate_chat_request(body: dict[str, Any], start: int = 0,
+                          checked: frozenset[str] = frozenset()) -> None:
     """Raise BadRequest (param = the exact field) for the first shape the proxy cannot work with.
-    Messages before `start` passed these checks in an earlier request (the same bytes)."""
+    Messages before `start` and the values of the keys in `checked` passed these checks in an earlier
+    request (the same bytes, the very objects)."""
     messages = body.get("messages")
     if type(messages) is not list or not messages:
         raise BadRequest("'messages' is required and must be a non-empty array", param="messages",
@@ -176,7 +197,7 @@ def validate_chat_request(body: dict[str, Any], start: int = 0) -> None:
     for index in range(start, len(messages)):
         _check_message(messages[index], index)
     for key, value in body.items():
-        if key == "messages":
+        if key == "messages" or key in checked:
             continue
         if value is not None:
             checker = _TOP_LEVEL.get(key)

@@ -149,6 +149,18 @@ def test_nesting_past_orjsons_limit_is_refused_without_the_recursive_parse(monke
     assert error.code == "invalid_json" and "nested too deeply" in str(error)
 
 
+def test_a_deep_body_orjson_refuses_for_another_mistake_is_not_parsed_recursively(monkeypatch):
+    """900 levels, then a mistake orjson stops at before its own depth limit: the stdlib would recurse
+    ~900 frames, where a finalizer the garbage collector runs fails ("exception ignored"; a fuzz case
+    did). Refused as too deep without it."""
+    from proxy import validate
+
+    monkeypatch.setattr(validate.json, "loads", lambda *a, **k: pytest.fail("the recursive parse ran"))
+    raw = b'{"model": "gpt-4o", "messages": [], "extra": ' + b"[" * 900 + b"x" + b"]" * 900 + b"}"
+    error = _error(raw)
+    assert error.code == "invalid_json" and "nested too deeply" in str(error)
+
+
 @pytest.mark.parametrize(("field", "wrap", "param"), [
     ("content", lambda d: [{"type": "x", "data": d}], "messages[0].content[0].data"),
     ("extra", lambda d: d, "messages[0].extra"),
@@ -248,3 +260,28 @@ def test_a_resent_history_is_checked_past_what_was_checked_before():
     huge = orjson.dumps(grown)[:-len(b"]}")] \
         + b',{"role":"user","content":"n","n":123456789012345678901234}]}'
     assert parse_chat_request(huge)["messages"][3]["n"] == 123456789012345678901234.0
+
+
+def test_a_resent_body_checks_keys_after_the_messages_unless_they_are_the_bytes_checked_before(monkeypatch):
+    """OpenAI's SDKs send `tools` after `messages`: resent with the same bytes they are the objects checked
+    then (not walked again); with other bytes they are checked, too deep a nesting a 400 as ever."""
+    from proxy import validate
+    from proxy.wire import resent
+
+    resent.BODIES.clear()  # (process-wide)
+    history = [{"role": "user", "content": f"step {n} " + "x" * 200} for n in range(40)]  # (over 8 KB)
+    tools = [{"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}]
+    first = parse_chat_request(orjson.dumps({"messages": history, "model": "gpt-4o", "tools": tools}))
+    walked: list[str] = []
+    real = validate._check_depth
+    monkeypatch.setattr(validate, "_check_depth",
+                        lambda value, depth, at: walked.append(at) or real(value, depth, at))
+    history.append({"role": "assistant", "content": "done"})
+    again = parse_chat_request(orjson.dumps({"messages": history, "model": "gpt-4o", "tools": tools}))
+    assert again["tools"] is first["tools"] and "tools" not in walked
+    deep: Any = {"type": "object"}
+    for _ in range(MAX_DEPTH):
+        deep = {"properties": deep}
+    changed = [{"type": "function", "function": {"name": "run", "parameters": deep}}]
+    error = _error(orjson.dumps({"messages": history, "model": "gpt-4o", "tools": changed}))
+    assert error.code == "nesting_too_deep" and error.param.startswith("tools")

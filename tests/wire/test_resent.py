@@ -176,6 +176,35 @@ def test_a_growing_session_is_counted_as_its_bytes_and_its_parse() -> None:
         assert cache.held_bytes == len(raw) + tools_and_model + sum(map(held_bytes, whole["messages"]))
 
 
+def test_keys_after_the_array_with_the_same_bytes_are_the_earlier_bodys_objects() -> None:
+    """Claude Code sends its system prompt and tools after the messages: resent with the same bytes they
+    are the objects parsed (and checked, counted, decoded) before, as the repeated messages are; with
+    other bytes, a parse of their own."""
+    cache = ResentBodies(min_bytes=0, group_prefix=1)
+    history = [{"role": "user", "content": "task"}]
+    schema = {"type": "object", "properties": {"command": {"type": "string"}}}
+    tools = [{"name": "Bash", "input_schema": schema}]
+
+    def body(messages: list[dict[str, Any]], system: str) -> bytes:
+        return orjson.dumps({"model": "m", "messages": messages, "system": system, "tools": tools})
+
+    raw = body(history, "be brief")
+    first = orjson.loads(raw)
+    cache.remember(raw, "messages", first)
+    history.append({"role": "assistant", "content": "ok"})
+    got = cache.parse(body(history, "be brief"), "messages")
+    assert got is not None and got.body == json.loads(body(history, "be brief"))
+    assert got.body["tools"] is first["tools"] and got.body["system"] is first["system"]
+    assert got.same_keys == {"model", "system", "tools"}
+    cache.keep(got)
+    history.append({"role": "user", "content": "next"})
+    again = cache.parse(body(history, "be brief"), "messages")
+    assert again is not None and again.body["tools"] is first["tools"]  # (turn after turn)
+    changed = cache.parse(body(history, "be thorough"), "messages")
+    assert changed is not None and changed.body == json.loads(body(history, "be thorough"))
+    assert changed.body["tools"] is not first["tools"] and changed.same_keys == {"model"}
+
+
 def test_only_checked_bodies_are_built_on() -> None:
     """A resent body is remembered only once the caller kept it (its new elements passed the checks):
     a body with a bad new message, never kept, is not a base whose messages go unchecked later."""
