@@ -2,8 +2,9 @@
 
 Real conversations from ../shared/traces (read in place): the longest mini-swe-agent ones (long tool
 outputs) and the longest tau2-bench ones (tool calls and results), each turned into the Messages request
-its agent would send at every model call (bench/to_messages.py), with the cache markers Claude Code sets:
-on the system prompt, and on the last block of the newest message, so the marker moves every turn. The
+its agent would send at every model call (bench/to_messages.py), shaped as Claude Code sends it (the
+messages first, then the system prompt and Claude Code's 16 tools), with the cache markers Claude Code
+sets: on the system prompt, and on the last block of the newest message, so the marker moves every turn. The
 sessions run `concurrency` at a time through a fresh server; CPU per request is the server's (/proc).
 """
 
@@ -29,6 +30,11 @@ HEADERS = {"x-api-key": "sk-ant-bench", "anthropic-version": "2023-06-01", "cont
 SOURCES = ("miniswe_gemini3pro_swebv_dev.jsonl", "tau2bench_dev.jsonl")
 
 
+# Claude Code's own tools (16, ~15 KB: tests/fixtures/make_claude_code_request.py), sent every turn.
+CLAUDE_CODE_TOOLS = orjson.loads((Path(__file__).resolve().parent.parent / "tests" / "fixtures" /
+                                  "claude_code_request.json").read_bytes())["tools"]
+
+
 def marked(body: dict[str, Any]) -> dict[str, Any]:
     """The body with Claude Code's markers: the system prompt, and the newest message's last block."""
     if isinstance(body.get("system"), str):
@@ -38,9 +44,20 @@ def marked(body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-def session_requests(messages: list[dict[str, Any]]) -> list[bytes]:
+def claude_code_shaped(body: dict[str, Any], session: str) -> dict[str, Any]:
+    """As Claude Code sends it: the messages first, then the system prompt and its tools (the
+    conversation's own after them), metadata, max_tokens, stream."""
+    theirs = {tool["name"] for tool in CLAUDE_CODE_TOOLS}
+    own = [tool for tool in body.get("tools") or () if tool["name"] not in theirs]
+    return {"model": body["model"], "messages": body["messages"],
+            **({"system": body["system"]} if "system" in body else {}),
+            "tools": [*CLAUDE_CODE_TOOLS, *own], "metadata": {"user_id": f"user_{session}"},
+            "max_tokens": body["max_tokens"], "stream": False}
+
+
+def session_requests(messages: list[dict[str, Any]], session: str = "0") -> list[bytes]:
     """One request per model call: each prefix that ends before an assistant message."""
-    return [orjson.dumps(marked(to_messages(messages[:end], called_in=messages)))
+    return [orjson.dumps(claude_code_shaped(marked(to_messages(messages[:end], called_in=messages)), session))
             for end, message in enumerate(messages) if end and message.get("role") == "assistant"]
 
 
@@ -52,7 +69,8 @@ def claude_sessions(sessions: int, traces: Path = TRACES) -> list[list[bytes]]:
         conversations = sorted((orjson.loads(line)["messages"] for line in lines if line.strip()),
                                key=lambda m: len(orjson.dumps(m)), reverse=True)
         wanted = sessions // len(SOURCES) + (number < sessions % len(SOURCES))
-        found += [session_requests(messages) for messages in conversations[:wanted]]
+        found += [session_requests(messages, f"{number}-{n}")
+                  for n, messages in enumerate(conversations[:wanted])]
     return found
 
 

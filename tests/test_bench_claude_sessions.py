@@ -1,5 +1,5 @@
 """The Claude-style sessions of the overhead benchmark (bench/claude_sessions.py): one valid Messages request
-per model call, with Claude Code's cache markers, the newest one moving every turn."""
+per model call, shaped as Claude Code sends it, with its cache markers, the newest one moving every turn."""
 
 from __future__ import annotations
 
@@ -31,6 +31,10 @@ def test_one_marked_request_per_model_call() -> None:
         assert body["system"][0]["cache_control"] == {"type": "ephemeral"}
         assert body["messages"][-1]["content"][-1]["cache_control"] == {"type": "ephemeral"}
         assert breakpoints(body) == 2
+    # Claude Code's shape: the messages first, then the system prompt and its tools, every turn the same.
+    assert [list(body)[:4] for body in requests] == [["model", "messages", "system", "tools"]] * 3
+    assert [t["name"] for t in requests[0]["tools"]][-2:] == ["KillShell", "bash"]  # (its own last)
+    assert len(requests[0]["tools"]) == 17 and requests[0]["tools"] == requests[2]["tools"]
     # The earlier turn's marked block is unmarked in the next request (the marker moved).
     assert "cache_control" not in requests[1]["messages"][0]["content"][-1]
     assert requests[1]["messages"][-1]["content"][0]["type"] == "tool_result"
