@@ -143,8 +143,9 @@ def print_claude_sessions(found: dict[str, Any] | None) -> None:
     if not found:
         return
     print(f"\nClaude-style sessions on /v1/messages (bench/claude_sessions.py), each server fresh: "
-          f"{found['sessions']} real sessions, {found['concurrency']} at a time, the cache marker moving "
-          f"every turn; {found['requests_per_run']} requests, {found['mb_sent']:.0f} MB:\n")
+          f"{found['sessions']} real sessions, {found['concurrency']} at a time, shaped as Claude Code sends "
+          f"them (its key order and tools), the cache marker moving every turn; {found['requests_per_run']} "
+          f"requests, {found['mb_sent']:.0f} MB:\n")
     servers = [name for name in found if isinstance(found[name], dict)]
     floor = found.get("bare forwarder") or {}
     floor_cpu = floor["cpu_s"] / floor["requests"] if floor.get("requests") else None
