@@ -14,6 +14,7 @@ from proxy.wire.splice import Spans
 _NAMES = {dict: "an object", list: "an array", str: "a string", int: "an integer", float: "a number",
           bool: "a boolean", type(None): "null"}
 ROLES = ("user", "assistant")
+SCOPE = "anthropic"  # resent bodies checked here (wire/resent.py), apart from chat's, whose key is the same
 
 
 def _fail(param: str, message: str) -> NoReturn:
@@ -27,7 +28,8 @@ def _expect(param: str, value: Any, kind: type, name: str) -> None:
 
 def validate_messages_request(raw: bytes) -> tuple[dict[str, Any], Spans | None]:
     """The body, checked, and where its messages lie in `raw` when that is known (wire/splice.py)."""
-    body, known, resent = parsed(raw, "messages", loads)  # (items up to `known`: checked before)
+    # (items up to `known`: checked before, by these checks: chat's bodies are another scope)
+    body, known, resent = parsed(raw, "messages", loads, SCOPE)
     if type(body) is not dict:
         raise BadRequest("request body must be a JSON object", code="invalid_json")
     if "model" in body:
@@ -56,7 +58,7 @@ def validate_messages_request(raw: bytes) -> tuple[dict[str, Any], Spans | None]
     same = checked_keys(resent)  # (Claude Code's system prompt and tools, resent every turn: checked then)
     _check_depth({**{k: v for k, v in body.items() if k not in same}, "messages": messages[known:]}
                  if known else body)
-    return body, remember_checked(raw, "messages", body, resent)
+    return body, remember_checked(raw, "messages", body, resent, SCOPE)
 
 
 def _check_message(message: Any, at: str) -> None:

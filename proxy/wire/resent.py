@@ -39,6 +39,8 @@ GROUP_PREFIX = 64  # bodies are grouped by their opening bytes (model, the syste
 GROUP_SIZE = 128  # bodies remembered per group (concurrent sessions of one agent share their opening)
 TAIL_EDITS = 2  # a session's next body may differ in this many of its previous body's last elements
 PROBES = 4  # fresh_bytes findings held for the parse that follows (each holds its body until then)
+# (whose checks the bodies passed: a route's own, "" for chat's; the array's key; the opening bytes)
+Group = tuple[str, str, bytes]
 
 # A JSON string (with a following colon when it is a key), or a bracket. Everything else (numbers,
 # literals, commas, whitespace) is skipped: message boundaries only need the brackets outside strings.
@@ -63,7 +65,7 @@ class _Layout:
 class Resent:
     body: dict[str, Any]
     reused: int  # leading elements taken from an earlier body (checked then)
-    group: tuple[str, bytes]
+    group: Group
     entry: _Body | None  # what to remember once checked (None: the new elements' ends are unknown)
     source: _Body  # the earlier body its first `reused` elements are taken from
     same_keys: frozenset[str] = frozenset()  # other keys whose values are its very objects (checked then)
@@ -147,26 +149,27 @@ class ResentBodies:
     def __init__(self, limit_bytes: int = 64 * 1024 * 1024, min_bytes: int = MIN_BYTES,
                  group_prefix: int = GROUP_PREFIX) -> None:
         self.limit_bytes, self.min_bytes, self.group_prefix = limit_bytes, min_bytes, group_prefix
-        self._groups: dict[tuple[str, bytes], list[_Body]] = {}
-        self._order: OrderedDict[int, tuple[tuple[str, bytes], _Body]] = OrderedDict()
+        self._groups: dict[Group, list[_Body]] = {}
+        self._order: OrderedDict[int, tuple[Group, _Body]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
         # fresh_bytes' findings for the parse of the same body object that follows it
-        self._probes: OrderedDict[int, tuple[bytes, str, _Body | None, int]] = OrderedDict()
+        self._probes: OrderedDict[int, tuple[bytes, Group, _Body | None, int]] = OrderedDict()
 
-    def fresh_bytes(self, raw: bytes, key: str) -> int:
+    def fresh_bytes(self, raw: bytes, key: str, scope: str = "") -> int:
         """How many bytes of `raw` a parse would read anew: past the longest run of whole `key` elements an
         earlier body repeats (a few memcmp calls; all of them when none does)."""
         if len(raw) < self.min_bytes or not self.limit_bytes:
             return len(raw)
-        best, reused = self._best((key, raw[:self.group_prefix]), raw)
+        group = (scope, key, raw[:self.group_prefix])
+        best, reused = self._best(group, raw)
         with self._lock:  # the parse that follows takes it instead of comparing megabytes again
-            self._probes[id(raw)] = (raw, key, best, reused)
+            self._probes[id(raw)] = (raw, group, best, reused)
             while len(self._probes) > PROBES:
                 self._probes.popitem(last=False)
         return len(raw) - (best.layout.ends[reused - 1] if best is not None else 0)
 
-    def _best(self, group: tuple[str, bytes], raw: bytes) -> tuple[_Body | None, int]:
+    def _best(self, group: Group, raw: bytes) -> tuple[_Body | None, int]:
         """The remembered body `raw` repeats the most whole elements of, and how many."""
         with self._lock:
             candidates = list(self._groups.get(group, ()))
@@ -182,16 +185,16 @@ class ResentBodies:
                     break  # (its session's next turn, its last messages edited: taken as it is)
         return best, reused
 
-    def parse(self, raw: bytes, key: str) -> Resent | None:
+    def parse(self, raw: bytes, key: str, scope: str = "") -> Resent | None:
         """The body of `raw` when an earlier body shares a prefix of whole `key` elements with it; None
         when none does (parse it whole, check it, then `remember` it). Check the new elements, then
         `keep` the result: only checked bodies are reused (their elements are not checked again)."""
         if len(raw) < self.min_bytes or not self.limit_bytes:
             return None
-        group = (key, raw[:self.group_prefix])
+        group = (scope, key, raw[:self.group_prefix])
         with self._lock:
             probe = self._probes.pop(id(raw), None)
-        if probe is not None and probe[0] is raw and probe[1] == key:
+        if probe is not None and probe[0] is raw and probe[1] == group:
             best, reused = probe[2], probe[3]
         else:
             best, reused = self._best(group, raw)
@@ -220,7 +223,7 @@ class ResentBodies:
             moved_on = continues(resent.reused, len(resent.source.layout.ends))
             self._keep(resent.group, resent.entry, replacing=resent.source if moved_on else None)
 
-    def remember(self, raw: bytes, key: str, body: dict[str, Any]) -> Spans | None:
+    def remember(self, raw: bytes, key: str, body: dict[str, Any], scope: str = "") -> Spans | None:
         """A body parsed whole and checked, for the next request that resends it. Where its elements end
         is found now (a scan at a few ms a megabyte, once a session: later bodies are scanned past the
         reused part only). Returns where they lie (None for a small body or an odd shape)."""
@@ -232,11 +235,11 @@ class ResentBodies:
             layout.held = list(itertools.accumulate(map(held_bytes, body[key])))
             entry = _Body(raw, body, layout, _keys_held(body, key))
             entry.spans = Spans(raw, layout.opening, layout.ends)
-            self._keep((key, raw[:self.group_prefix]), entry)
+            self._keep((scope, key, raw[:self.group_prefix]), entry)
             return entry.spans
         return None
 
-    def _keep(self, group: tuple[str, bytes], entry: _Body, replacing: _Body | None = None) -> None:
+    def _keep(self, group: Group, entry: _Body, replacing: _Body | None = None) -> None:
         with self._lock:
             if replacing is not None and id(replacing) in self._order:
                 self._drop(id(replacing))  # the session moved on: its previous body is not resent again
@@ -388,18 +391,20 @@ def checked_keys(resent: Resent | None) -> frozenset[str]:
     return frozenset() if resent is None else resent.same_keys
 
 
-def parsed(raw: bytes, key: str, loads: Callable[[bytes], Any]) -> tuple[Any, int, Resent | None]:
+def parsed(raw: bytes, key: str, loads: Callable[[bytes], Any],
+           scope: str = "") -> tuple[Any, int, Resent | None]:
     """(body, leading `key` elements checked in an earlier request, what to hand `remember_checked`):
     a resent history past what is new, else `loads(raw)` whole."""
-    resent = BODIES.parse(raw, key)
+    resent = BODIES.parse(raw, key, scope)
     return (resent.body, resent.reused, resent) if resent is not None else (loads(raw), 0, None)
 
 
-def remember_checked(raw: bytes, key: str, body: dict[str, Any], resent: Resent | None) -> Spans | None:
+def remember_checked(raw: bytes, key: str, body: dict[str, Any], resent: Resent | None,
+                     scope: str = "") -> Spans | None:
     """After a body passed its checks: keep it (resent) or remember it (parsed whole) for the next.
     Returns where the elements under `key` lie in `raw`, when that is known (wire/splice.py)."""
     if resent is None:
-        return BODIES.remember(raw, key, body)
+        return BODIES.remember(raw, key, body, scope)
     entry = resent.entry
     if entry is not None:  # its first `reused` elements: the earlier body's, in the same places
         layout = entry.layout

@@ -39,3 +39,21 @@ def test_unchanged_system_and_tools_are_not_walked_again_and_changed_ones_are(mo
     with pytest.raises(BadRequest) as raised:
         validate_messages_request(_raw(history, [{"name": "Bash", "input_schema": deep}]))
     assert raised.value.code == "nesting_too_deep"
+
+
+def test_a_body_checked_on_the_chat_route_is_checked_again_on_this_one():
+    """The same bytes sent to both routes: the chat route's checks let a tool message through, and the
+    Messages route took the messages they checked as its own (a TypeError, a 500, before)."""
+    from proxy.validate import parse_chat_body
+
+    resent.BODIES.clear()  # (process-wide)
+    call = {"id": "c1", "type": "function", "function": {"name": "run", "arguments": "{}"}}
+    history = [{"role": "user", "content": "x" * 9000}, {"role": "assistant", "content": None,
+                                                         "tool_calls": [call]}]
+    raw = orjson.dumps({"model": "claude-sonnet-4-5", "messages": history, "max_tokens": 10})
+    parse_chat_body(raw)
+    history.append({"role": "user", "content": "go on"})
+    with pytest.raises(BadRequest) as raised:
+        validate_messages_request(orjson.dumps({"model": "claude-sonnet-4-5", "messages": history,
+                                                "max_tokens": 10}))
+    assert raised.value.param == "messages.1.content"

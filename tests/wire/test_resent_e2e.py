@@ -19,8 +19,8 @@ def reused(monkeypatch) -> list[int]:
     resent.BODIES.clear()  # (process-wide: bodies other tests sent are no base here)
     parse = resent.BODIES.parse
 
-    def spy(raw: bytes, key: str) -> resent.Resent | None:
-        got = parse(raw, key)
+    def spy(raw: bytes, key: str, scope: str = "") -> resent.Resent | None:
+        got = parse(raw, key, scope)
         seen.append(got.reused if got is not None else 0)
         return got
 
