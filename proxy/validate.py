@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 import orjson
 
 from proxy.errors import BadRequest
-from proxy.wire.resent import checked_keys, parsed, remember_checked
+from proxy.wire.resent import parsed, remember_checked
 from proxy.wire.splice import Spans
 
 MAX_DEPTH = 128  # containers, the body itself being level 1 (orjson.dumps refuses level 255)
@@ -39,7 +39,7 @@ def parse_chat_body(raw: bytes) -> tuple[dict[str, Any], Spans | None]:
     body, known, resent = parsed(raw, "messages", loads)
     if type(body) is not dict:
         raise BadRequest("request body must be a JSON object", code="invalid_json")
-    validate_chat_request(body, start=known, checked=checked_keys(resent))
+    validate_chat_request(body, start=known)
     return body, remember_checked(raw, "messages", body, resent)
 
 
@@ -185,11 +185,9 @@ def _check_depth(value: Any, level: int, param: str) -> None:
         _fail(param, f"'{param}' is nested more than {MAX_DEPTH} levels deep", code="nesting_too_deep")
 
 
-def validate_chat_request(body: dict[str, Any], start: int = 0,
-                          checked: frozenset[str] = frozenset()) -> None:
+def validate_chat_request(body: dict[str, Any], start: int = 0) -> None:
     """Raise BadRequest (param = the exact field) for the first shape the proxy cannot work with.
-    Messages before `start` and the values of the keys in `checked` passed these checks in an earlier
-    request (the same bytes, the very objects)."""
+    Messages before `start` passed these checks in an earlier request (the same bytes)."""
     messages = body.get("messages")
     if type(messages) is not list or not messages:
         raise BadRequest("'messages' is required and must be a non-empty array", param="messages",
@@ -197,7 +195,7 @@ def validate_chat_request(body: dict[str, Any], start: int = 0,
     for index in range(start, len(messages)):
         _check_message(messages[index], index)
     for key, value in body.items():
-        if key == "messages" or key in checked:
+        if key == "messages":
             continue
         if value is not None:
             checker = _TOP_LEVEL.get(key)

@@ -58,7 +58,6 @@ class _Layout:
     ends: list[int]
     opening: int  # the offset just past the array's `[`
     held: list[int] = field(default_factory=list)  # memory its first n+1 parsed elements hold (cumulative)
-    closing: int = -1  # the offset just past the array's `]` (-1: not known)
 
 
 @dataclass
@@ -68,23 +67,16 @@ class Resent:
     group: Group
     entry: _Body | None  # what to remember once checked (None: the new elements' ends are unknown)
     source: _Body  # the earlier body its first `reused` elements are taken from
-    same_keys: frozenset[str] = frozenset()  # other keys whose values are its very objects (checked then)
 
 
 class _Body:
-    def __init__(self, raw: bytes, body: dict[str, Any], layout: _Layout, keys_held: int = 0) -> None:
+    def __init__(self, raw: bytes, body: dict[str, Any], layout: _Layout, head_held: int = 0) -> None:
         self.raw, self.body, self.layout = raw, body, layout
         self.spans: Spans | None = None  # handed to the codec (wire/splice.py), once checked
-        self.keys_held = keys_held  # memory the parsed keys beside the array hold (tools, system...)
+        self.head_held = head_held  # memory the parsed keys before the array hold
         # What remembering it holds: its bytes and its parse (1.1 to 4 times the bytes in ../shared/traces:
         # counting the bytes alone let the cache hold several times its budget).
-        self.cost = len(raw) + keys_held + (layout.held[-1] if layout.held else 0)
-
-    def same_after(self, raw: bytes, closing: int) -> bool:
-        """Whether `raw` past its array's `]` (at `closing`) is this body's past its own, byte for byte: the
-        keys after the array (Claude Code sends its system prompt and tools there) parse the same."""
-        mine = self.layout.closing
-        return mine >= 0 and len(raw) - closing == len(self.raw) - mine and raw.endswith(self.raw[mine:])
+        self.cost = len(raw) + head_held + (layout.held[-1] if layout.held else 0)
 
     def resent_whole(self, raw: bytes) -> bool:
         return _same_start(raw, self.raw, self.layout.ends[-1])
@@ -201,19 +193,17 @@ class ResentBodies:
         if best is None:
             return None
         layout = best.layout
-        parsed = _parse_after(raw, key, best, reused)
+        parsed = _parse_after(raw, key, layout, best.body[key], reused)
         if parsed is None:
             return None
-        body, tail_ends, closing, same_after = parsed
+        body, tail_ends = parsed
         entry = None
         if tail_ends is not None:
             base, new = layout.held[reused - 1], itertools.accumulate(map(held_bytes, body[key][reused:]))
             held = layout.held[:reused] + [base + n for n in new]
-            keys_held = best.keys_held if same_after else _keys_held(body, key)
             entry = _Body(raw, body, _Layout(layout.head, layout.ends[:reused] + tail_ends, layout.opening,
-                                             held, closing), keys_held)
-        same_keys = frozenset(k for k in body if k != key) if same_after else frozenset(layout.head)
-        return Resent(body, reused, group, entry, best, same_keys)
+                                             held), best.head_held)
+        return Resent(body, reused, group, entry, best)
 
     def keep(self, resent: Resent) -> None:
         """A parsed body whose new elements passed the caller's checks: the next resend builds on it."""
@@ -233,7 +223,7 @@ class ResentBodies:
         if layout is not None and layout.ends and all(k in body for k in layout.head):
             layout.head = {k: body[k] for k in layout.head}  # the body's own objects, as for messages
             layout.held = list(itertools.accumulate(map(held_bytes, body[key])))
-            entry = _Body(raw, body, layout, _keys_held(body, key))
+            entry = _Body(raw, body, layout, held_bytes(layout.head))
             entry.spans = Spans(raw, layout.opening, layout.ends)
             self._keep((scope, key, raw[:self.group_prefix]), entry)
             return entry.spans
@@ -272,19 +262,14 @@ class ResentBodies:
             del self._groups[group]
 
 
-def _parse_after(raw: bytes, key: str, earlier: _Body, reused: int,
-                 ) -> tuple[dict[str, Any], list[int] | None, int, bool] | None:
-    """The body of `raw`, its first `reused` elements taken from `earlier`, the rest parsed as the array's
-    continuation (an object with a sentinel key holding it, then the keys after it; those are `earlier`'s
-    very objects when their bytes are the same, Claude Code's system prompt and tools every turn). Also
-    the new elements' end offsets (None if not told), the offset past the `]` (-1), and that sameness."""
-    layout = earlier.layout
+def _parse_after(raw: bytes, key: str, layout: _Layout, earlier: list[Any],
+                 reused: int) -> tuple[dict[str, Any], list[int] | None] | None:
+    """The body of `raw`, its first `reused` elements taken from `earlier`: the rest of it parsed as the
+    continuation of the array after element `reused` (an object with a sentinel key holding that array,
+    then whatever keys followed it). Also the new elements' end offsets (None if they cannot be told)."""
     start = layout.ends[reused - 1]
-    scanned = _elements(raw, start)
-    closing = scanned[1] if scanned is not None else -1
-    same_after = closing >= 0 and earlier.same_after(raw, closing)
     try:
-        tail = orjson.loads(_TAIL_OPEN + (raw[start:closing] + b"}" if same_after else raw[start:]))
+        tail = orjson.loads(_TAIL_OPEN + raw[start:])
     except orjson.JSONDecodeError:
         return None  # not JSON, or something only the full parse reports well: leave it to that
     if type(tail) is not dict:
@@ -293,15 +278,10 @@ def _parse_after(raw: bytes, key: str, earlier: _Body, reused: int,
     if type(rest) is not list or not rest or rest[0] != 0 or key in tail \
             or any(k in layout.head for k in tail):
         return None  # a duplicate key: the full parse decides which one counts
-    if same_after:  # the same bytes parse the same: the objects checked and counted before, not copies
-        tail = {k: v for k, v in earlier.body.items() if k != key and k not in layout.head}
+    body = {**layout.head, key: earlier[:reused] + rest[1:], **tail}
+    scanned = _elements(raw, start)
     ends = scanned[0] if scanned is not None and len(scanned[0]) == len(rest) - 1 else None
-    body = {**layout.head, key: earlier.body[key][:reused] + rest[1:], **tail}
-    return body, ends, closing if ends is not None else -1, same_after
-
-
-def _keys_held(body: dict[str, Any], key: str) -> int:
-    return held_bytes({k: v for k, v in body.items() if k != key})
+    return body, ends
 
 
 def layout_of(raw: bytes, key: str, count: int) -> _Layout | None:
@@ -322,11 +302,11 @@ def layout_of(raw: bytes, key: str, count: int) -> _Layout | None:
                 scanned = _elements(raw, opening.end())
                 if scanned is None or len(scanned[0]) != count:
                     return None
-                found, position, scanning = (opening.end() - 1, scanned[0], scanned[1]), scanned[1], True
+                found, position, scanning = (opening.end() - 1, scanned[0]), scanned[1], True
                 break  # on after the array
     if found is None:
         return None
-    bracket, ends, closing = found
+    bracket, ends = found
     try:
         head = orjson.loads(raw[:bracket] + b"0}")
     except orjson.JSONDecodeError:
@@ -334,7 +314,7 @@ def layout_of(raw: bytes, key: str, count: int) -> _Layout | None:
     if type(head) is not dict:
         return None
     head.pop(key, None)
-    return _Layout(head, ends, bracket + 1, closing=closing)
+    return _Layout(head, ends, bracket + 1)
 
 
 def _is_key(match: re.Match[bytes], key: str) -> bool:
@@ -383,12 +363,6 @@ def starts_with(later: list[Any], earlier: list[Any]) -> bool:
     told in about half the time `same_objects` takes to say where two lists part (no position kept)."""
     length = len(earlier)
     return length <= len(later) and not any(map(operator.is_not, earlier, later[:length]))
-
-
-def checked_keys(resent: Resent | None) -> frozenset[str]:
-    """The keys besides `key` whose values a resent body took from an earlier one, which passed the
-    checks then: its own bytes parse to the very same objects."""
-    return frozenset() if resent is None else resent.same_keys
 
 
 def parsed(raw: bytes, key: str, loads: Callable[[bytes], Any],

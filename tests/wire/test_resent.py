@@ -176,35 +176,6 @@ def test_a_growing_session_is_counted_as_its_bytes_and_its_parse() -> None:
         assert cache.held_bytes == len(raw) + tools_and_model + sum(map(held_bytes, whole["messages"]))
 
 
-def test_keys_after_the_array_with_the_same_bytes_are_the_earlier_bodys_objects() -> None:
-    """Claude Code sends its system prompt and tools after the messages: resent with the same bytes they
-    are the objects parsed (and checked, counted, decoded) before, as the repeated messages are; with
-    other bytes, a parse of their own."""
-    cache = ResentBodies(min_bytes=0, group_prefix=1)
-    history = [{"role": "user", "content": "task"}]
-    schema = {"type": "object", "properties": {"command": {"type": "string"}}}
-    tools = [{"name": "Bash", "input_schema": schema}]
-
-    def body(messages: list[dict[str, Any]], system: str) -> bytes:
-        return orjson.dumps({"model": "m", "messages": messages, "system": system, "tools": tools})
-
-    raw = body(history, "be brief")
-    first = orjson.loads(raw)
-    cache.remember(raw, "messages", first)
-    history.append({"role": "assistant", "content": "ok"})
-    got = cache.parse(body(history, "be brief"), "messages")
-    assert got is not None and got.body == json.loads(body(history, "be brief"))
-    assert got.body["tools"] is first["tools"] and got.body["system"] is first["system"]
-    assert got.same_keys == {"model", "system", "tools"}
-    cache.keep(got)
-    history.append({"role": "user", "content": "next"})
-    again = cache.parse(body(history, "be brief"), "messages")
-    assert again is not None and again.body["tools"] is first["tools"]  # (turn after turn)
-    changed = cache.parse(body(history, "be thorough"), "messages")
-    assert changed is not None and changed.body == json.loads(body(history, "be thorough"))
-    assert changed.body["tools"] is not first["tools"] and changed.same_keys == {"model"}
-
-
 def test_only_checked_bodies_are_built_on() -> None:
     """A resent body is remembered only once the caller kept it (its new elements passed the checks):
     a body with a bad new message, never kept, is not a base whose messages go unchecked later."""
@@ -312,7 +283,7 @@ def test_another_session_sharing_a_prefix_does_not_displace_a_remembered_body() 
     assert again is not None and again.reused == len(mine)
     cache.keep(again)
     assert cache.parse(first, "messages") is not None  # (now built on the longer body)
-    assert len(cache._groups[("messages", first[:1])]) == 2  # the longer one replaced the first; theirs stays
+    assert len(cache._groups[("", "messages", first[:1])]) == 2  # the longer replaced the first; theirs stays
 
 
 def test_a_hundred_concurrent_sessions_of_one_agent_each_build_on_their_own_body(monkeypatch) -> None:
@@ -355,7 +326,7 @@ def test_a_session_that_edits_its_last_messages_every_turn_keeps_one_body_and_bu
         if turn >= 2:
             assert got.reused == len(sent) - 3  # all but the message that lost its marker and the two new
         cache.keep(got)
-        held.append(len(cache._groups[("messages", raw[:1])]))
+        held.append(len(cache._groups[("", "messages", raw[:1])]))
         history += [{"role": "assistant", "content": f"answer {turn}"},
                     {"role": "user", "content": f"go {turn}"}]
     assert held[-1] == held[2] <= 4  # not a body more a turn
