@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 import orjson
 
 from proxy.errors import BadRequest
-from proxy.wire.resent import parsed, remember_checked
+from proxy.wire.resent import JSON_TOKEN, parsed, remember_checked
 from proxy.wire.splice import Spans
 
 MAX_DEPTH = 128  # containers, the body itself being level 1 (orjson.dumps refuses level 255)
@@ -97,13 +97,10 @@ def loads(raw: bytes) -> Any:
     return value
 
 
-_STRING_OR_BRACKET = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"|[\[\]{}]')
-
-
 def _nested_deeper(raw: bytes, limit: int) -> bool:
     """Whether brackets outside strings nest past `limit` anywhere in `raw` (a body orjson refused)."""
     depth = 0
-    for match in _STRING_OR_BRACKET.finditer(raw):
+    for match in JSON_TOKEN.finditer(raw):  # (strings, and the brackets outside them)
         char = raw[match.start()]
         if char in b"[{":
             depth += 1

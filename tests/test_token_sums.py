@@ -3,6 +3,7 @@ full sum gives, and only the new messages summed when the history is resent."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from hypothesis import given, settings
@@ -21,6 +22,14 @@ def weight(message: Message) -> int:
 
 def total_of(messages: list[Message]) -> int:
     return sum(map(weight, messages))
+
+
+def recording(asked: list[int]) -> Callable[[list[Message]], int]:
+    """`total_of`, noting how many messages each call was asked to sum."""
+    def spy(messages: list[Message]) -> int:
+        asked.append(len(messages))
+        return total_of(messages)
+    return spy
 
 
 # A pool of message objects; each step builds a list from it: the previous list extended, cut, edited in
@@ -54,10 +63,7 @@ def test_the_total_is_always_what_a_full_sum_gives(script: list[tuple[str, int]]
 
 def test_a_resent_history_sums_only_what_is_new() -> None:
     asked: list[int] = []
-
-    def spy(messages: list[Message]) -> int:
-        asked.append(len(messages))
-        return total_of(messages)
+    spy = recording(asked)
 
     history = [{"content": f"m{n}"} for n in range(200)]
     recent: Summed = []
@@ -74,10 +80,7 @@ def test_the_same_list_asked_for_again_keeps_the_others_remembered() -> None:
     """A request asks for one list's total from several steps: asked again, that list moves to the front
     instead of taking another place, so the session's other lists stay remembered."""
     asked: list[int] = []
-
-    def spy(messages: list[Message]) -> int:
-        asked.append(len(messages))
-        return total_of(messages)
+    spy = recording(asked)
 
     pool = [{"content": f"m{n}"} for n in range(600)]
     lists = [pool[k * 100:k * 100 + 80] for k in range(token_sums.RECENT)]
@@ -111,10 +114,7 @@ def test_a_history_whose_newest_message_is_edited_every_turn_sums_only_that_and_
     """Anthropic's clients move their cache marker to the newest message every turn: the previous last
     message comes back as another object. Its old count comes off, its new one and the new ones go on."""
     asked: list[int] = []
-
-    def spy(messages: list[Message]) -> int:
-        asked.append(len(messages))
-        return total_of(messages)
+    spy = recording(asked)
 
     history = [{"content": f"m{n}"} for n in range(100)]
     recent: Summed = []

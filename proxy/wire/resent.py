@@ -44,7 +44,7 @@ Group = tuple[str, str, bytes]
 
 # A JSON string (with a following colon when it is a key), or a bracket. Everything else (numbers,
 # literals, commas, whitespace) is skipped: message boundaries only need the brackets outside strings.
-_TOKEN = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"(\s*+:)?|[\[\]{}]')
+JSON_TOKEN = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"(\s*+:)?|[\[\]{}]')
 _ARRAY_OPEN = re.compile(rb"\s*+\[")
 _TAIL_KEY = "\x00resent"
 _TAIL_OPEN = b'{"\\u0000resent":[0'
@@ -70,13 +70,15 @@ class Resent:
 
 
 class _Body:
-    def __init__(self, raw: bytes, body: dict[str, Any], layout: _Layout, head_held: int = 0) -> None:
+    def __init__(self, raw: bytes, body: dict[str, Any], layout: _Layout, keys_held: int = 0) -> None:
         self.raw, self.body, self.layout = raw, body, layout
         self.spans: Spans | None = None  # handed to the codec (wire/splice.py), once checked
-        self.head_held = head_held  # memory the parsed keys before the array hold
+        # memory the parsed keys beside the array hold, counted at the session's first body (a resend's
+        # keys after the array are parsed anew, and are about the same: not counted again every turn)
+        self.keys_held = keys_held
         # What remembering it holds: its bytes and its parse (1.1 to 4 times the bytes in ../shared/traces:
         # counting the bytes alone let the cache hold several times its budget).
-        self.cost = len(raw) + head_held + (layout.held[-1] if layout.held else 0)
+        self.cost = len(raw) + keys_held + (layout.held[-1] if layout.held else 0)
 
     def resent_whole(self, raw: bytes) -> bool:
         return _same_start(raw, self.raw, self.layout.ends[-1])
@@ -202,7 +204,7 @@ class ResentBodies:
             base, new = layout.held[reused - 1], itertools.accumulate(map(held_bytes, body[key][reused:]))
             held = layout.held[:reused] + [base + n for n in new]
             entry = _Body(raw, body, _Layout(layout.head, layout.ends[:reused] + tail_ends, layout.opening,
-                                             held), best.head_held)
+                                             held), best.keys_held)
         return Resent(body, reused, group, entry, best)
 
     def keep(self, resent: Resent) -> None:
@@ -223,7 +225,7 @@ class ResentBodies:
         if layout is not None and layout.ends and all(k in body for k in layout.head):
             layout.head = {k: body[k] for k in layout.head}  # the body's own objects, as for messages
             layout.held = list(itertools.accumulate(map(held_bytes, body[key])))
-            entry = _Body(raw, body, layout, held_bytes(layout.head))
+            entry = _Body(raw, body, layout, held_bytes({k: v for k, v in body.items() if k != key}))
             entry.spans = Spans(raw, layout.opening, layout.ends)
             self._keep((scope, key, raw[:self.group_prefix]), entry)
             return entry.spans
@@ -291,7 +293,7 @@ def layout_of(raw: bytes, key: str, count: int) -> _Layout | None:
     scanning = True
     while scanning:
         scanning = False
-        for match in _TOKEN.finditer(raw, position):
+        for match in JSON_TOKEN.finditer(raw, position):
             char = raw[match.start()]
             if char != 0x22:  # a bracket
                 depth += 1 if char in b"[{" else -1
@@ -330,7 +332,7 @@ def _elements(raw: bytes, position: int) -> tuple[list[int], int] | None:
     offset after the array's `]`. None for string elements (only brackets are tracked)."""
     depth = 0
     ends: list[int] = []
-    for match in _TOKEN.finditer(raw, position):
+    for match in JSON_TOKEN.finditer(raw, position):
         char = raw[match.start()]
         if char == 0x22:
             if depth == 0:

@@ -332,3 +332,14 @@ def test_a_session_that_edits_its_last_messages_every_turn_keeps_one_body_and_bu
     assert held[-1] == held[2] <= 4  # not a body more a turn
     again = cache.parse(raw + b" ", "messages")  # the other session's body (sharing the opening) stays
     assert again is not None and again.reused == len(other)
+
+
+def test_keys_after_the_array_are_counted_too() -> None:
+    """Claude Code and OpenAI's SDKs send `system` and `tools` after the messages: their parse is held too."""
+    cache = ResentBodies(min_bytes=0, group_prefix=1)
+    tools = [{"name": f"tool{n}", "input_schema": {"type": "object", "properties": {}}} for n in range(20)]
+    raw = orjson.dumps({"model": "m", "messages": _structured(0, 3), "tools": tools})
+    whole = orjson.loads(raw)
+    cache.remember(raw, "messages", whole)
+    assert cache.held_bytes == len(raw) + held_bytes({"model": "m", "tools": whole["tools"]}) \
+        + sum(map(held_bytes, whole["messages"]))
