@@ -8,6 +8,8 @@ from typing import Any
 
 import orjson
 
+from proxy import shallow_json
+
 DONE = b"[DONE]"
 
 
@@ -178,8 +180,6 @@ class StreamAssembly:
 def assemble(chunks: Iterable[bytes]) -> StreamAssembly:
     """Fold a recorded SSE byte stream (as relayed) into one assistant message. Never raises: data that
     is not JSON, or JSON of another shape, is skipped and named in `problems`."""
-    import json  # the stdlib reads what orjson refuses (escaped lone surrogates, integers past 64 bits)
-
     assembly = StreamAssembly()
     for data in iter_data(chunks):
         if data.strip() == DONE:
@@ -187,8 +187,8 @@ def assemble(chunks: Iterable[bytes]) -> StreamAssembly:
         try:
             chunk = orjson.loads(data)
         except orjson.JSONDecodeError:
-            try:
-                chunk = json.loads(data)
+            try:  # the stdlib reads what orjson refuses (escaped lone surrogates, integers past 64 bits)
+                chunk = shallow_json.loads(data)
             except ValueError:
                 assembly.problem(f"a data event is not JSON: {bytes(data[:80])!r}")
                 continue

@@ -19,7 +19,8 @@ from typing import Any, NoReturn
 import orjson
 
 from proxy.errors import BadRequest
-from proxy.wire.resent import JSON_TOKEN, parsed, remember_checked
+from proxy.shallow_json import nested_deeper
+from proxy.wire.resent import parsed, remember_checked
 from proxy.wire.splice import Spans
 
 MAX_DEPTH = 128  # containers, the body itself being level 1 (orjson.dumps refuses level 255)
@@ -78,7 +79,7 @@ def loads(raw: bytes) -> Any:
     except orjson.JSONDecodeError as exc:
         # Past orjson's depth limit the stdlib would recurse ~1,000 frames deep, where a finalizer the
         # garbage collector runs cannot run (an "exception ignored"): refused here.
-        if str(exc).startswith("depth limit exceeded") or _nested_deeper(raw, MAX_DEPTH):
+        if str(exc).startswith("depth limit exceeded") or nested_deeper(raw, MAX_DEPTH):
             # (orjson may stop at another mistake first: a body nested past the limit is refused anyway,
             # and the stdlib is never sent down ~1,000 levels)
             raise BadRequest(f"request body is nested too deeply (more than {MAX_DEPTH} levels)",
@@ -95,20 +96,6 @@ def loads(raw: bytes) -> Any:
         raise BadRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from None
     _reject_lone_surrogates(value)
     return value
-
-
-def _nested_deeper(raw: bytes, limit: int) -> bool:
-    """Whether brackets outside strings nest past `limit` anywhere in `raw` (a body orjson refused)."""
-    depth = 0
-    for match in JSON_TOKEN.finditer(raw):  # (strings, and the brackets outside them)
-        char = raw[match.start()]
-        if char in b"[{":
-            depth += 1
-            if depth > limit:
-                return True
-        elif char != 0x22:
-            depth -= 1
-    return False
 
 
 def _reject_lone_surrogates(value: Any) -> None:

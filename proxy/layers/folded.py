@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 import orjson
 from pydantic import BaseModel, ValidationError
 
+from proxy import shallow_json
+
 VERSION = 1
 EPISODE_CAP = 8  # items per episode list: an episode is a digest, not a transcript
 CAPS = {"facts": 30, "decisions": 20, "eliminated_approaches": 20, "patterns": 10}
@@ -189,11 +191,11 @@ def _open_questions(spoken: list[tuple[str, str]]) -> list[str]:
 
 def _call_label(call: dict[str, Any]) -> str:
     fn = call.get("function") or {}
-    try:  # arguments are the model's text: anything goes, nesting past the recursion limit included
-        args = json.loads(fn.get("arguments") or "null")
+    try:  # arguments are the model's text: anything goes (nesting past the limit: shown as text)
+        args = shallow_json.loads(fn.get("arguments") or "null")
         if isinstance(args, dict):
             args = ", ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in args.items())
-    except (TypeError, ValueError, RecursionError):
+    except (TypeError, ValueError):
         args = fn.get("arguments")
     return f"{fn.get('name') or 'tool'}({_clip(str(args or ''), 100)})"
 

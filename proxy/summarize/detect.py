@@ -8,6 +8,8 @@ import json
 import re
 from dataclasses import dataclass
 
+from proxy import shallow_json
+
 from .common import ERR_WORDS, has_error_word, joined, lines_with
 
 SCAN_LINES = 2000  # kind detection reads the start only: enough to classify, bounded cost
@@ -145,12 +147,12 @@ def _analyze(text: str, tool_name: str | None = None) -> _Analysis:
     lines, stripped, json_error = text.splitlines(), text.strip(), ""
     if stripped[:1] in ("{", "["):
         try:
-            doc = json.loads(stripped)
+            doc = shallow_json.loads(stripped)  # (text nested past its limit is read as text)
             if isinstance(doc, dict | list):
                 return _Analysis("json", lines, doc=doc)
         except json.JSONDecodeError as e:
             json_error = f"{e.msg}, char {e.pos}"
-        except Exception:  # RecursionError, or an int over the str-conversion limit
+        except ValueError:  # nested too deeply, or an int over the str-conversion limit
             json_error = "unparseable"
     content, offset = _strip_gutter(lines)
     source = "\n".join(content)

@@ -7,8 +7,9 @@ any shape, so every lookup is defensive. A file read often prints the file's own
 
 from __future__ import annotations
 
-import json
 import re
+
+from proxy import shallow_json
 
 from .common import LINE_W, _clip, _Sec
 
@@ -58,8 +59,8 @@ def pointed_sec(arguments: str | None, lines: list[str], base: int = 0) -> _Sec 
     if not arguments:
         return None
     try:
-        args = json.loads(arguments)
-    except (ValueError, RecursionError):
+        args = shallow_json.loads(arguments)
+    except ValueError:
         return None
     if not isinstance(args, dict):
         return None
