@@ -19,16 +19,16 @@ import ctypes
 import ctypes.util
 import itertools
 import operator
-import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from proxy.held_memory import held_bytes
+from proxy.wire.json_layout import Layout, elements, layout_of
 from proxy.wire.splice import Spans
 
 # A smaller body is parsed whole every request: tens of microseconds, and its few dozen messages, new
@@ -42,22 +42,8 @@ PROBES = 4  # fresh_bytes findings held for the parse that follows (each holds i
 # (whose checks the bodies passed: a route's own, "" for chat's; the array's key; the opening bytes)
 Group = tuple[str, str, bytes]
 
-# A JSON string (with a following colon when it is a key), or a bracket. Everything else (numbers,
-# literals, commas, whitespace) is skipped: message boundaries only need the brackets outside strings.
-JSON_TOKEN = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"(\s*+:)?|[\[\]{}]')
-_ARRAY_OPEN = re.compile(rb"\s*+\[")
 _TAIL_KEY = "\x00resent"
 _TAIL_OPEN = b'{"\\u0000resent":[0'
-
-
-@dataclass
-class _Layout:
-    """Where the array under `key` lies in a body: the offset after each element's last byte."""
-
-    head: dict[str, Any]  # the top-level keys before the array (parsed), in order
-    ends: list[int]
-    opening: int  # the offset just past the array's `[`
-    held: list[int] = field(default_factory=list)  # memory its first n+1 parsed elements hold (cumulative)
 
 
 @dataclass
@@ -70,7 +56,7 @@ class Resent:
 
 
 class _Body:
-    def __init__(self, raw: bytes, body: dict[str, Any], layout: _Layout, keys_held: int = 0) -> None:
+    def __init__(self, raw: bytes, body: dict[str, Any], layout: Layout, keys_held: int = 0) -> None:
         self.raw, self.body, self.layout = raw, body, layout
         self.spans: Spans | None = None  # handed to the codec (wire/splice.py), once checked
         # memory the parsed keys beside the array hold, counted at the session's first body (a resend's
@@ -203,7 +189,7 @@ class ResentBodies:
         if tail_ends is not None:
             base, new = layout.held[reused - 1], itertools.accumulate(map(held_bytes, body[key][reused:]))
             held = layout.held[:reused] + [base + n for n in new]
-            entry = _Body(raw, body, _Layout(layout.head, layout.ends[:reused] + tail_ends, layout.opening,
+            entry = _Body(raw, body, Layout(layout.head, layout.ends[:reused] + tail_ends, layout.opening,
                                              held), best.keys_held)
         return Resent(body, reused, group, entry, best)
 
@@ -264,7 +250,7 @@ class ResentBodies:
             del self._groups[group]
 
 
-def _parse_after(raw: bytes, key: str, layout: _Layout, earlier: list[Any],
+def _parse_after(raw: bytes, key: str, layout: Layout, earlier: list[Any],
                  reused: int) -> tuple[dict[str, Any], list[int] | None] | None:
     """The body of `raw`, its first `reused` elements taken from `earlier`: the rest of it parsed as the
     continuation of the array after element `reused` (an object with a sentinel key holding that array,
@@ -281,72 +267,9 @@ def _parse_after(raw: bytes, key: str, layout: _Layout, earlier: list[Any],
             or any(k in layout.head for k in tail):
         return None  # a duplicate key: the full parse decides which one counts
     body = {**layout.head, key: earlier[:reused] + rest[1:], **tail}
-    scanned = _elements(raw, start)
+    scanned = elements(raw, start)
     ends = scanned[0] if scanned is not None and len(scanned[0]) == len(rest) - 1 else None
     return body, ends
-
-
-def layout_of(raw: bytes, key: str, count: int) -> _Layout | None:
-    """Where the top-level array under `key` and each of its `count` elements end, or None when the
-    body's shape is not one this can reuse (the key twice, elements that are not objects or arrays)."""
-    depth, found, position = 0, None, 0
-    scanning = True
-    while scanning:
-        scanning = False
-        for match in JSON_TOKEN.finditer(raw, position):
-            char = raw[match.start()]
-            if char != 0x22:  # a bracket
-                depth += 1 if char in b"[{" else -1
-            elif depth == 1 and match.group(1) is not None and _is_key(match, key):
-                opening = _ARRAY_OPEN.match(raw, match.end())
-                if found is not None or opening is None:
-                    return None
-                scanned = _elements(raw, opening.end())
-                if scanned is None or len(scanned[0]) != count:
-                    return None
-                found, position, scanning = (opening.end() - 1, scanned[0]), scanned[1], True
-                break  # on after the array
-    if found is None:
-        return None
-    bracket, ends = found
-    try:
-        head = orjson.loads(raw[:bracket] + b"0}")
-    except orjson.JSONDecodeError:
-        return None
-    if type(head) is not dict:
-        return None
-    head.pop(key, None)
-    return _Layout(head, ends, bracket + 1)
-
-
-def _is_key(match: re.Match[bytes], key: str) -> bool:
-    token = match.group(0)[:match.start(1) - match.start()]
-    try:
-        return bool(orjson.loads(token) == key)
-    except orjson.JSONDecodeError:
-        return False
-
-
-def _elements(raw: bytes, position: int) -> tuple[list[int], int] | None:
-    """From inside an array (after its `[` or after an element): each element's end offset, and the
-    offset after the array's `]`. None for string elements (only brackets are tracked)."""
-    depth = 0
-    ends: list[int] = []
-    for match in JSON_TOKEN.finditer(raw, position):
-        char = raw[match.start()]
-        if char == 0x22:
-            if depth == 0:
-                return None
-            continue
-        if char in b"[{":
-            depth += 1
-            continue
-        if depth == 0:
-            return (ends, match.end()) if char == 0x5D else None
-        depth -= 1
-        if depth == 0:
-            ends.append(match.end())
-    return None
 
 
 BODIES = ResentBodies()  # one per process: the codecs are stateless, this is their shared memory

@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 
 from proxy.validate import parse_chat_body
 from proxy.wire.chat import CHAT
+from proxy.wire.json_layout import layout_of
 from proxy.wire.messages import Encoder as MessagesEncoder
 from proxy.wire.messages_check import validate_messages_request
-from proxy.wire.resent import ResentBodies, layout_of
+from proxy.wire.resent import ResentBodies
 from proxy.wire.responses import Encoder as ResponsesEncoder
 from proxy.wire.responses_check import validate_responses_request
 from proxy.wire.splice import Spans, spliced_body

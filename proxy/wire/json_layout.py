@@ -1,0 +1,89 @@
+"""Where a top-level array and each of its elements lie in a JSON body's bytes, told from the brackets
+outside strings without parsing the elements (wire/resent.py reuses a resent body's parse by them)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+# A JSON string (with a following colon when it is a key), or a bracket. Everything else (numbers,
+# literals, commas, whitespace) is skipped: message boundaries only need the brackets outside strings.
+JSON_TOKEN = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"(\s*+:)?|[\[\]{}]')
+_ARRAY_OPEN = re.compile(rb"\s*+\[")
+
+
+@dataclass
+class Layout:
+    """Where the array under `key` lies in a body: the offset after each element's last byte."""
+
+    head: dict[str, Any]  # the top-level keys before the array (parsed), in order
+    ends: list[int]
+    opening: int  # the offset just past the array's `[`
+    held: list[int] = field(default_factory=list)  # memory its first n+1 parsed elements hold (cumulative)
+    closing: int = -1  # the offset just past the array's `]` (-1: not known)
+
+
+def layout_of(raw: bytes, key: str, count: int) -> Layout | None:
+    """Where the top-level array under `key` and each of its `count` elements end, or None when the
+    body's shape is not one this can reuse (the key twice, elements that are not objects or arrays)."""
+    depth, found, position = 0, None, 0
+    scanning = True
+    while scanning:
+        scanning = False
+        for match in JSON_TOKEN.finditer(raw, position):
+            char = raw[match.start()]
+            if char != 0x22:  # a bracket
+                depth += 1 if char in b"[{" else -1
+            elif depth == 1 and match.group(1) is not None and _is_key(match, key):
+                opening = _ARRAY_OPEN.match(raw, match.end())
+                if found is not None or opening is None:
+                    return None
+                scanned = elements(raw, opening.end())
+                if scanned is None or len(scanned[0]) != count:
+                    return None
+                found, position, scanning = (opening.end() - 1, scanned[0], scanned[1]), scanned[1], True
+                break  # on after the array
+    if found is None:
+        return None
+    bracket, ends, closing = found
+    try:
+        head = orjson.loads(raw[:bracket] + b"0}")
+    except orjson.JSONDecodeError:
+        return None
+    if type(head) is not dict:
+        return None
+    head.pop(key, None)
+    return Layout(head, ends, bracket + 1, closing=closing)
+
+
+def _is_key(match: re.Match[bytes], key: str) -> bool:
+    token = match.group(0)[:match.start(1) - match.start()]
+    try:
+        return bool(orjson.loads(token) == key)
+    except orjson.JSONDecodeError:
+        return False
+
+
+def elements(raw: bytes, position: int) -> tuple[list[int], int] | None:
+    """From inside an array (after its `[` or after an element): each element's end offset, and the
+    offset after the array's `]`. None for string elements (only brackets are tracked)."""
+    depth = 0
+    ends: list[int] = []
+    for match in JSON_TOKEN.finditer(raw, position):
+        char = raw[match.start()]
+        if char == 0x22:
+            if depth == 0:
+                return None
+            continue
+        if char in b"[{":
+            depth += 1
+            continue
+        if depth == 0:
+            return (ends, match.end()) if char == 0x5D else None
+        depth -= 1
+        if depth == 0:
+            ends.append(match.end())
+    return None
