@@ -20,7 +20,7 @@ import orjson
 
 from proxy.errors import BadRequest
 from proxy.shallow_json import nested_deeper
-from proxy.wire.resent import parsed, remember_checked
+from proxy.wire.resent import checked_keys, parsed, remember_checked
 from proxy.wire.splice import Spans
 
 MAX_DEPTH = 128  # containers, the body itself being level 1 (orjson.dumps refuses level 255)
@@ -40,7 +40,7 @@ def parse_chat_body(raw: bytes) -> tuple[dict[str, Any], Spans | None]:
     body, known, resent = parsed(raw, "messages", loads)
     if type(body) is not dict:
         raise BadRequest("request body must be a JSON object", code="invalid_json")
-    validate_chat_request(body, start=known)
+    validate_chat_request(body, start=known, checked=checked_keys(resent))
     return body, remember_checked(raw, "messages", body, resent)
 
 
@@ -169,9 +169,11 @@ def _check_depth(value: Any, level: int, param: str) -> None:
         _fail(param, f"'{param}' is nested more than {MAX_DEPTH} levels deep", code="nesting_too_deep")
 
 
-def validate_chat_request(body: dict[str, Any], start: int = 0) -> None:
+def validate_chat_request(body: dict[str, Any], start: int = 0,
+                          checked: frozenset[str] = frozenset()) -> None:
     """Raise BadRequest (param = the exact field) for the first shape the proxy cannot work with.
-    Messages before `start` passed these checks in an earlier request (the same bytes)."""
+    Messages before `start` and the values of the keys in `checked` passed these checks in an earlier
+    request (the same bytes, the very objects)."""
     messages = body.get("messages")
     if type(messages) is not list or not messages:
         raise BadRequest("'messages' is required and must be a non-empty array", param="messages",
@@ -179,7 +181,7 @@ def validate_chat_request(body: dict[str, Any], start: int = 0) -> None:
     for index in range(start, len(messages)):
         _check_message(messages[index], index)
     for key, value in body.items():
-        if key == "messages":
+        if key == "messages" or key in checked:
             continue
         if value is not None:
             checker = _TOP_LEVEL.get(key)

@@ -261,3 +261,27 @@ def test_a_resent_history_is_checked_past_what_was_checked_before():
         + b',{"role":"user","content":"n","n":123456789012345678901234}]}'
     assert parse_chat_request(huge)["messages"][3]["n"] == 123456789012345678901234.0
 
+
+def test_a_resent_body_checks_keys_after_the_messages_unless_they_are_the_bytes_checked_before(monkeypatch):
+    """OpenAI's SDKs send `tools` after `messages`: resent with the same bytes they are the objects checked
+    then (not walked again); with other bytes they are checked, too deep a nesting a 400 as ever."""
+    from proxy import validate
+    from proxy.wire import resent
+
+    resent.BODIES.clear()  # (process-wide)
+    history = [{"role": "user", "content": f"step {n} " + "x" * 200} for n in range(40)]  # (over 8 KB)
+    tools = [{"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}]
+    first = parse_chat_request(orjson.dumps({"messages": history, "model": "gpt-4o", "tools": tools}))
+    walked: list[str] = []
+    real = validate._check_depth
+    monkeypatch.setattr(validate, "_check_depth",
+                        lambda value, depth, at: walked.append(at) or real(value, depth, at))
+    history.append({"role": "assistant", "content": "done"})
+    again = parse_chat_request(orjson.dumps({"messages": history, "model": "gpt-4o", "tools": tools}))
+    assert again["tools"] is first["tools"] and "tools" not in walked
+    deep: Any = {"type": "object"}
+    for _ in range(MAX_DEPTH):
+        deep = {"properties": deep}
+    changed = [{"type": "function", "function": {"name": "run", "parameters": deep}}]
+    error = _error(orjson.dumps({"messages": history, "model": "gpt-4o", "tools": changed}))
+    assert error.code == "nesting_too_deep" and error.param.startswith("tools")

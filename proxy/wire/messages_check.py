@@ -8,7 +8,7 @@ from typing import Any, NoReturn
 
 from proxy.errors import BadRequest
 from proxy.validate import MAX_DEPTH, loads
-from proxy.wire.resent import parsed, remember_checked
+from proxy.wire.resent import checked_keys, parsed, remember_checked
 from proxy.wire.splice import Spans
 
 _NAMES = {dict: "an object", list: "an array", str: "a string", int: "an integer", float: "a number",
@@ -55,7 +55,9 @@ def validate_messages_request(raw: bytes) -> tuple[dict[str, Any], Spans | None]
                          code="missing_messages")
     for index in range(known, len(messages)):
         _check_message(messages[index], f"messages.{index}")
-    _check_depth({**body, "messages": messages[known:]} if known else body)
+    same = checked_keys(resent)  # (Claude Code's system prompt and tools, resent every turn: checked then)
+    _check_depth({**{k: v for k, v in body.items() if k not in same}, "messages": messages[known:]}
+                 if known else body)
     return body, remember_checked(raw, "messages", body, resent, SCOPE)
 
 

@@ -53,18 +53,25 @@ class Resent:
     group: Group
     entry: _Body | None  # what to remember once checked (None: the new elements' ends are unknown)
     source: _Body  # the earlier body its first `reused` elements are taken from
+    same_keys: frozenset[str] = frozenset()  # other keys whose values are its very objects (checked then)
 
 
 class _Body:
     def __init__(self, raw: bytes, body: dict[str, Any], layout: Layout, keys_held: int = 0) -> None:
         self.raw, self.body, self.layout = raw, body, layout
         self.spans: Spans | None = None  # handed to the codec (wire/splice.py), once checked
-        # memory the parsed keys beside the array hold, counted at the session's first body (a resend's
-        # keys after the array are parsed anew, and are about the same: not counted again every turn)
+        # memory the parsed keys beside the array hold: counted again only when a resend's bytes after
+        # the array differ (the same bytes are taken as the very objects)
         self.keys_held = keys_held
         # What remembering it holds: its bytes and its parse (1.1 to 4 times the bytes in ../shared/traces:
         # counting the bytes alone let the cache hold several times its budget).
         self.cost = len(raw) + keys_held + (layout.held[-1] if layout.held else 0)
+
+    def same_after(self, raw: bytes, closing: int) -> bool:
+        """Whether `raw` past its array's `]` (at `closing`) is this body's past its own, byte for byte: the
+        keys after the array (Claude Code sends its system prompt and tools there) parse the same."""
+        mine = self.layout.closing
+        return mine >= 0 and len(raw) - closing == len(self.raw) - mine and raw.endswith(self.raw[mine:])
 
     def resent_whole(self, raw: bytes) -> bool:
         return _same_start(raw, self.raw, self.layout.ends[-1])
@@ -181,17 +188,19 @@ class ResentBodies:
         if best is None:
             return None
         layout = best.layout
-        parsed = _parse_after(raw, key, layout, best.body[key], reused)
+        parsed = _parse_after(raw, key, best, reused)
         if parsed is None:
             return None
-        body, tail_ends = parsed
+        body, tail_ends, closing, same_after = parsed
         entry = None
         if tail_ends is not None:
             base, new = layout.held[reused - 1], itertools.accumulate(map(held_bytes, body[key][reused:]))
             held = layout.held[:reused] + [base + n for n in new]
+            keys_held = best.keys_held if same_after else _keys_held(body, key)
             entry = _Body(raw, body, Layout(layout.head, layout.ends[:reused] + tail_ends, layout.opening,
-                                             held), best.keys_held)
-        return Resent(body, reused, group, entry, best)
+                                             held, closing), keys_held)
+        same_keys = frozenset(k for k in body if k != key) if same_after else frozenset(layout.head)
+        return Resent(body, reused, group, entry, best, same_keys)
 
     def keep(self, resent: Resent) -> None:
         """A parsed body whose new elements passed the caller's checks: the next resend builds on it."""
@@ -211,7 +220,7 @@ class ResentBodies:
         if layout is not None and layout.ends and all(k in body for k in layout.head):
             layout.head = {k: body[k] for k in layout.head}  # the body's own objects, as for messages
             layout.held = list(itertools.accumulate(map(held_bytes, body[key])))
-            entry = _Body(raw, body, layout, held_bytes({k: v for k, v in body.items() if k != key}))
+            entry = _Body(raw, body, layout, _keys_held(body, key))
             entry.spans = Spans(raw, layout.opening, layout.ends)
             self._keep((scope, key, raw[:self.group_prefix]), entry)
             return entry.spans
@@ -250,14 +259,19 @@ class ResentBodies:
             del self._groups[group]
 
 
-def _parse_after(raw: bytes, key: str, layout: Layout, earlier: list[Any],
-                 reused: int) -> tuple[dict[str, Any], list[int] | None] | None:
-    """The body of `raw`, its first `reused` elements taken from `earlier`: the rest of it parsed as the
-    continuation of the array after element `reused` (an object with a sentinel key holding that array,
-    then whatever keys followed it). Also the new elements' end offsets (None if they cannot be told)."""
+def _parse_after(raw: bytes, key: str, earlier: _Body, reused: int,
+                 ) -> tuple[dict[str, Any], list[int] | None, int, bool] | None:
+    """The body of `raw`, its first `reused` elements taken from `earlier`, the rest parsed as the array's
+    continuation (an object with a sentinel key holding it, then the keys after it; those are `earlier`'s
+    very objects when their bytes are the same, Claude Code's system prompt and tools every turn). Also
+    the new elements' end offsets (None if not told), the offset past the `]` (-1), and that sameness."""
+    layout = earlier.layout
     start = layout.ends[reused - 1]
+    scanned = elements(raw, start)
+    closing = scanned[1] if scanned is not None else -1
+    same_after = closing >= 0 and earlier.same_after(raw, closing)
     try:
-        tail = orjson.loads(_TAIL_OPEN + raw[start:])
+        tail = orjson.loads(_TAIL_OPEN + (raw[start:closing] + b"}" if same_after else raw[start:]))
     except orjson.JSONDecodeError:
         return None  # not JSON, or something only the full parse reports well: leave it to that
     if type(tail) is not dict:
@@ -266,10 +280,15 @@ def _parse_after(raw: bytes, key: str, layout: Layout, earlier: list[Any],
     if type(rest) is not list or not rest or rest[0] != 0 or key in tail \
             or any(k in layout.head for k in tail):
         return None  # a duplicate key: the full parse decides which one counts
-    body = {**layout.head, key: earlier[:reused] + rest[1:], **tail}
-    scanned = elements(raw, start)
+    if same_after:  # the same bytes parse the same: the objects checked and counted before, not copies
+        tail = {k: v for k, v in earlier.body.items() if k != key and k not in layout.head}
     ends = scanned[0] if scanned is not None and len(scanned[0]) == len(rest) - 1 else None
-    return body, ends
+    body = {**layout.head, key: earlier.body[key][:reused] + rest[1:], **tail}
+    return body, ends, closing if ends is not None else -1, same_after
+
+
+def _keys_held(body: dict[str, Any], key: str) -> int:
+    return held_bytes({k: v for k, v in body.items() if k != key})
 
 
 BODIES = ResentBodies()  # one per process: the codecs are stateless, this is their shared memory
@@ -288,6 +307,12 @@ def starts_with(later: list[Any], earlier: list[Any]) -> bool:
     told in about half the time `same_objects` takes to say where two lists part (no position kept)."""
     length = len(earlier)
     return length <= len(later) and not any(map(operator.is_not, earlier, later[:length]))
+
+
+def checked_keys(resent: Resent | None) -> frozenset[str]:
+    """The keys besides `key` whose values a resent body took from an earlier one, which passed the
+    checks then: its own bytes parse to the very same objects."""
+    return frozenset() if resent is None else resent.same_keys
 
 
 def parsed(raw: bytes, key: str, loads: Callable[[bytes], Any],

@@ -95,6 +95,13 @@ def test_duplicate_keys_are_left_to_the_full_parse() -> None:
                    b'{"model":"m","messages":[{"role":"user","content":"a"}],"model":"other"}'):
         got = cache.parse(second, "messages")
         assert got is None or got.body == orjson.loads(second)
+    # A body with a key before and after the array, remembered, then resent with the same bytes after it:
+    # the later value counts, in the first one's place, as in a full parse.
+    twice = b'{"model":"m","messages":[{"role":"user","content":"a"}],"model":"other"}'
+    cache.remember(twice, "messages", orjson.loads(twice))
+    again = twice.replace(b'"a"}]', b'"a"},{"role":"assistant","content":"b"}]')
+    got = cache.parse(again, "messages")
+    assert got is not None and list(got.body.items()) == list(orjson.loads(again).items())
 
 
 def test_shapes_it_cannot_reuse_are_parsed_whole() -> None:
@@ -174,6 +181,35 @@ def test_a_growing_session_is_counted_as_its_bytes_and_its_parse() -> None:
         whole = orjson.loads(raw)
         tools_and_model = held_bytes({k: whole[k] for k in before})
         assert cache.held_bytes == len(raw) + tools_and_model + sum(map(held_bytes, whole["messages"]))
+
+
+def test_keys_after_the_array_with_the_same_bytes_are_the_earlier_bodys_objects() -> None:
+    """Claude Code sends its system prompt and tools after the messages: resent with the same bytes they
+    are the objects parsed (and checked, counted, decoded) before, as the repeated messages are; with
+    other bytes, a parse of their own."""
+    cache = ResentBodies(min_bytes=0, group_prefix=1)
+    history = [{"role": "user", "content": "task"}]
+    schema = {"type": "object", "properties": {"command": {"type": "string"}}}
+    tools = [{"name": "Bash", "input_schema": schema}]
+
+    def body(messages: list[dict[str, Any]], system: str) -> bytes:
+        return orjson.dumps({"model": "m", "messages": messages, "system": system, "tools": tools})
+
+    raw = body(history, "be brief")
+    first = orjson.loads(raw)
+    cache.remember(raw, "messages", first)
+    history.append({"role": "assistant", "content": "ok"})
+    got = cache.parse(body(history, "be brief"), "messages")
+    assert got is not None and got.body == json.loads(body(history, "be brief"))
+    assert got.body["tools"] is first["tools"] and got.body["system"] is first["system"]
+    assert got.same_keys == {"model", "system", "tools"}
+    cache.keep(got)
+    history.append({"role": "user", "content": "next"})
+    again = cache.parse(body(history, "be brief"), "messages")
+    assert again is not None and again.body["tools"] is first["tools"]  # (turn after turn)
+    changed = cache.parse(body(history, "be thorough"), "messages")
+    assert changed is not None and changed.body == json.loads(body(history, "be thorough"))
+    assert changed.body["tools"] is not first["tools"] and changed.same_keys == {"model"}
 
 
 def test_only_checked_bodies_are_built_on() -> None:
