@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 CHAIN_CACHE_BYTES = 32 * 1024 * 1024  # default byte budget of the writer's last-chain-per-session cache
 PARSED_PER_SERIALIZED = 2  # parsed messages / their JSON bytes: 1.2-3.8x on the shared traces, ~1.5 typical
 CHAIN_CACHE_SESSIONS = 2000  # and at most this many entries, however small
+PARAMS_SESSIONS = 2000  # sessions whose last request params (serialized) and their row id are remembered
 ERROR_CHARS = 65536  # an error answer's text kept in exchanges.error
 _SEEN_LIMIT = 500_000
 
@@ -94,11 +95,13 @@ class RowWriter:
         self.stale = False  # replaying set-aside records: never overwrite a row written since
         self.pricing = pricing or Pricing()
         self.written: list[dict[str, Any]] = []  # exchange rows of the open transaction (no content)
+        self._last_params: OrderedDict[tuple[str, str], tuple[bytes, str]] = OrderedDict()
         self._statements: dict[tuple[str, str, tuple[str, ...]], str] = {}
 
     def forget(self) -> None:
         self._seen.clear()
         self.chains.clear()
+        self._last_params.clear()
         self.written.clear()
 
     def begin(self, items: list[ExchangeRecord | TableRow]) -> None:
@@ -131,7 +134,7 @@ class RowWriter:
             "status": record.status, "latency_ms": round(float(record.latency_ms or 0), 3),
             "upstream_ms": round(float(record.upstream_ms or 0), 3), "tokens_before": record.tokens_before,
             "tokens_after": record.tokens_after, "gate": record.gate, "request_leaf": request_leaf,
-            "forwarded_leaf": forwarded_leaf, "params": dumps(record.params).decode(), "error": record.error,
+            "forwarded_leaf": forwarded_leaf, "params_id": self._params_id(record), "error": record.error,
             "response_truncated": int(bool(record.response_truncated)),
             **{name: getattr(record, name) for name in ACTIVITY},
         }
@@ -149,6 +152,23 @@ class RowWriter:
             row["prices"] = dumps(prices.as_dict()).decode()
         self.written.append({k: v for k, v in row.items() if k not in CONTENT_COLUMNS})
         self._row("INSERT OR IGNORE" if self.stale else "INSERT OR REPLACE", "exchanges", row)
+
+    def _params_id(self, record: ExchangeRecord) -> str:
+        """The `request_params` row of the record's params, written when new: a session sends the same
+        ones every turn (the bytes compared with its last ones spare the hash)."""
+        body = dumps(record.params)
+        key = (record.tenant, record.session_id)
+        last = self._last_params.pop(key, None)
+        same = last is not None and last[0] == body
+        node = last[1] if last is not None and same else message_id(f"params:{record.tenant}", body)
+        if node not in self._seen:
+            self._row("INSERT OR IGNORE", "request_params", {
+                "id": node, "tenant": record.tenant, "body": body.decode(), "created_at": record.created_at})
+            self._remember(node)
+        self._last_params[key] = (body, node)
+        if len(self._last_params) > PARAMS_SESSIONS:
+            self._last_params.popitem(last=False)
+        return node
 
     def _store_chain(self, messages: list[Any], record: ExchangeRecord, size: int,
                      kind: str = "request") -> str:

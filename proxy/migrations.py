@@ -187,3 +187,13 @@ def m012_accounting_and_activity(db: Database) -> None:
         exchanges.add_column(name, kind)
     exchanges.create_index(["policy", "created_at"])
     exchanges.create_index(["created_at"])
+
+
+@migrations()
+def m013_request_params(db: Database) -> None:
+    # What a request held besides its messages (tools, metadata, sampling settings), each distinct one
+    # once per tenant: an agent resends the same ~15 KB of tools every turn (Claude Code's took 62 % of
+    # the archive in exchanges.params). exchanges.params_id names the row; exchanges.params stays for rows
+    # from before.
+    db.table("request_params").create({"id": str, "tenant": str, "body": str, "created_at": str}, pk="id")
+    db.table("exchanges").add_column("params_id", str)

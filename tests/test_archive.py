@@ -6,7 +6,6 @@ import os
 import stat
 
 import httpx
-import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -136,7 +135,7 @@ def test_archive_reconstructs_every_request_exactly(tmp_path_factory, bodies):
     reader = ArchiveReader(path)
     for record, body in zip(records, bodies, strict=True):
         row = next(reader.db.query("select * from exchanges where id = ?", [record.id]))
-        rebuilt = orjson.loads(row["params"]) | {"messages": reader.chain(row["request_leaf"])}
+        rebuilt = reader.params(row) | {"messages": reader.chain(row["request_leaf"])}
         assert rebuilt == body
         assert list(rebuilt["messages"]) == body["messages"]
     reader.close()
@@ -184,12 +183,12 @@ def test_cached_sessions_still_reuse_their_prefix(tmp_path, monkeypatch):
     monkeypatch.setattr(archive_rows, "message_id", lambda parent, body: hashed.append(parent) or
                         original(parent, body))
     writer = ArchiveWriter(tmp_path / "archive.db")
-    writer.submit(_turn("s0", 3, 1000))  # 7 messages and the answer
+    writer.submit(_turn("s0", 3, 1000))  # 7 messages and the answer, and the request's params
     assert writer.flush(30)
-    assert len(hashed) == 8
-    writer.submit(_turn("s0", 4, 1000))  # the same 7, two new ones and the answer: only 3 hashed
+    assert len(hashed) == 9
+    writer.submit(_turn("s0", 4, 1000))  # the same 7, two new ones and the answer (the same params)
     assert writer.flush(30)
-    assert len(hashed) == 11
+    assert len(hashed) == 12 and sum(parent.startswith("params:") for parent in hashed) == 1
     writer.close()
 
 

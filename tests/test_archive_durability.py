@@ -3,7 +3,6 @@ queue, kill -9, and a second process on the same data dir (issue 8). Real files,
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -224,7 +223,7 @@ def test_lone_surrogates_are_stored_and_read_back_exactly(archive):
     reader = archive.reader()
     assert reader.chain(row["request_leaf"]) == messages  # exact, surrogates included
     assert reader.chain(row["response_message_id"])[-1]["content"] == "cut \ud83d"
-    assert json.loads(row["params"]) == {"metadata": {"note": "\ud800"}}
+    assert reader.params(row) == {"metadata": {"note": "\ud800"}}
     assert reader.tool_result_rows("t", "s")[0]["content"] == "out \\ud800"
     hits = reader.search("emoji", tenant="ten\ud800")
     assert len(hits) == 1 and "[emoji]" in hits[0]["snippet"]
@@ -650,3 +649,31 @@ def test_kill_9_loses_no_answered_exchange(tmp_path, upstream_server, fake_upstr
     assert not missing, f"answered but not archived exactly once: {missing[:10]}"
     assert sum(per_session.values()) == 200
     assert not list((db.parent / "spool").glob("*.log"))
+
+
+def test_a_sessions_request_params_are_stored_once_per_tenant_and_read_back_with_each_exchange(archive):
+    """Agents resend the same tools every turn (Claude Code ~15 KB): one `request_params` row per distinct
+    params and tenant, each exchange naming it; an exchange archived before that table still reads."""
+    tools = [{"name": f"tool{n}", "input_schema": {"type": "object", "properties": {"x": {"type": "string"}}}}
+             for n in range(20)]
+    items = [record(n) for n in range(4)] + [record(4, tenant="other"), record(5)]
+    for item in items:
+        item.params = {"tools": tools, "max_tokens": 1024}
+    items[-1].params = {"tools": tools, "max_tokens": 2048}
+    writer = archive.writer()
+    for item in items:
+        writer.submit(item)
+    writer.close()
+    reader = archive.reader()
+    try:
+        rows = [archive.exchange(item.id) for item in items]
+        assert [reader.params(row) for row in rows] == [item.params for item in items]
+        assert len({row["params_id"] for row in rows[:4]}) == 1  # one session's turns: one row
+        assert len({row["params_id"] for row in rows}) == 3  # another tenant's, other params: their own
+        stored = reader.rows("select id, tenant from request_params")
+        assert sorted(row["tenant"] for row in stored) == ["other", "t", "t"]
+        assert all(row["params"] is None for row in rows)
+        legacy = {**rows[0], "params_id": None, "params": '{"temperature": 0.5}'}
+        assert reader.params(legacy) == {"temperature": 0.5}
+    finally:
+        reader.close()

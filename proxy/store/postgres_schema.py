@@ -142,6 +142,12 @@ CREATE TABLE session_state (
     PRIMARY KEY (tenant, session_id)
 );
 """),
+    ("m003_request_params", """
+-- What a request held besides its messages, each distinct one once per tenant (exchanges.params_id; the
+-- SQLite archive's m013_request_params).
+CREATE TABLE request_params (id text PRIMARY KEY, tenant text, body text, created_at text);
+ALTER TABLE exchanges ADD COLUMN params_id text;
+"""),
 ]
 
 # Each table's primary key: what INSERT OR REPLACE / OR IGNORE mean as ON CONFLICT clauses.
@@ -149,7 +155,7 @@ PRIMARY_KEYS: dict[str, tuple[str, ...]] = {
     "messages": ("id",), "exchanges": ("id",), "tool_results": ("tenant", "session_id", "handle"),
     "tickets": ("id",), "session_windows": ("tenant", "session_id"),
     "session_memory": ("tenant", "session_id", "kind"), "pins": ("id",),
-    "session_state": ("tenant", "session_id"),
+    "session_state": ("tenant", "session_id"), "request_params": ("id",),
 }
 
 

@@ -8,6 +8,8 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from proxy.archive_codec import loads
+
 if TYPE_CHECKING:
     from proxy.reader import SearchHits
 
@@ -31,6 +33,14 @@ class SharedQueries:
     def exchanges(self, session_id: str) -> list[dict[str, Any]]:
         return self._query("select * from exchanges where session_id = ? order by created_at, rowid",
                            [session_id])
+
+    def params(self, exchange: dict[str, Any]) -> dict[str, Any]:
+        """What an exchange's request held besides its messages (credentials left out): its
+        `request_params` row, or the `params` column of an exchange archived before that table."""
+        if exchange.get("params_id"):
+            rows = self._query("select body from request_params where id = ?", [exchange["params_id"]])
+            return loads(rows[0]["body"]) if rows else {}
+        return loads(exchange["params"]) if exchange.get("params") else {}
 
     def conversation(self, session_id: str) -> list[dict[str, Any]]:
         """The latest request of the session as the client sent it, plus the answer it got."""
