@@ -157,10 +157,10 @@ class RowWriter:
         """The `request_params` row of the record's params, written when new: a session sends the same
         ones every turn (the bytes compared with its last ones spare the hash)."""
         body = dumps(record.params)
-        key = (record.tenant, record.session_id)
+        tenant = record.tenant
+        key = (tenant, record.session_id)
         last = self._last_params.pop(key, None)
-        same = last is not None and last[0] == body
-        node = last[1] if last is not None and same else message_id(f"params:{record.tenant}", body)
+        node = last[1] if last is not None and last[0] == body else message_id(f"params:{tenant}", body)
         if node not in self._seen:
             self._row("INSERT OR IGNORE", "request_params", {
                 "id": node, "tenant": record.tenant, "body": body.decode(), "created_at": record.created_at})
