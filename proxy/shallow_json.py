@@ -16,7 +16,8 @@ import re
 from typing import Any
 
 DEPTH_LIMIT = 128  # as deep as a request body may nest (validate.MAX_DEPTH)
-_STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"')
+JSON_STRING = rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"'  # a JSON string, escapes and all (wire/json_layout.py too)
+_STRING = re.compile(JSON_STRING)
 _NOT_BRACKET = re.compile(rb"[^\[\]{}]++")
 _STEP = {0x5B: 1, 0x7B: 1, 0x5D: -1, 0x7D: -1}
 

@@ -9,9 +9,11 @@ from typing import Any
 
 import orjson
 
+from proxy.shallow_json import JSON_STRING
+
 # A JSON string (with a following colon when it is a key), or a bracket. Everything else (numbers,
 # literals, commas, whitespace) is skipped: message boundaries only need the brackets outside strings.
-JSON_TOKEN = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"(\s*+:)?|[\[\]{}]')
+JSON_TOKEN = re.compile(JSON_STRING + rb"(\s*+:)?|[\[\]{}]")
 _ARRAY_OPEN = re.compile(rb"\s*+\[")
 
 
