@@ -19,6 +19,7 @@ last block before the gap (never more than 4 in all).
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -26,9 +27,12 @@ from typing import Any
 import orjson
 
 from proxy.wire import Decoded, Message
+from proxy.wire.decoded_prefix import DecodedPrefix, earlier_prefix
 from proxy.wire.messages_blocks import (
     UNCACHEABLE,
     block_text,
+    compaction_at,
+    count_breakpoints,
     native_call,
     native_tool,
     neutral_call,
@@ -74,11 +78,17 @@ def decode(raw: bytes) -> Decoded:
 class Encoder:
     def __init__(self, body: dict[str, Any], raw: bytes = b"", spans: Spans | None = None) -> None:
         self.body, self.raw, self.spans = body, raw, spans  # (spans: where body["messages"] lie in raw)
-        self.start = compacted_until(body["messages"])  # what precedes is the provider's to manage
+        messages = body["messages"]
+        # A resent history whose earlier body was decoded from the same start: only the new part is walked.
+        earlier = earlier_prefix(spans)
+        found = compaction_at(messages, earlier[1] if earlier is not None else 0)
+        if found >= 0:
+            earlier = None  # (a compaction among the new messages: decoding starts there)
+        # what precedes `start` is the provider's to manage (compacted)
+        self.start = max(found, 0) if earlier is None else earlier[0].start
         self.origins: dict[int, Origin] = {}
         self.keep: list[Message] = []  # neutral messages whose ids are in `origins` stay alive
-        self.call_owner: dict[str, tuple[int, dict[str, Any]]] = {}  # tool_use id -> (k, native message)
-        self.neutral: list[Message] = self._decode()
+        self.neutral: list[Message] = self._decode(earlier)
         self.extra = 0  # natives registered by internal rounds
 
     # ------------------------------------------------------------------------------------------ decode
@@ -88,16 +98,29 @@ class Encoder:
         self.keep.append(neutral)
         return neutral
 
-    def _decode(self) -> list[Message]:
+    def _decode(self, earlier: tuple[DecodedPrefix, int] | None) -> list[Message]:
         out: list[Message] = []
         cache = NEUTRAL if len(self.raw) >= MIN_BYTES else None  # (a smaller body is parsed anew)
         system = self.body.get("system")
         if system:
             out.extend(self._decoded(SYSTEM, system, cache))
-        for k, native in enumerate(self.body["messages"]):
-            if k >= self.start:
-                out.extend(self._decoded(k, native, cache) if k != self.start or not self.start
-                           else self.decode_message(k, native))  # (a compaction: decoded afresh)
+        natives_from = len(out)  # (after the system prompt's)
+        first, ends, origins = self.start, [0] * self.start, list[Origin]()  # (ends: see DecodedPrefix)
+        if earlier is not None:  # the messages a resent history shares with the earlier body: taken whole
+            first, ends = earlier[1], earlier[0].ends[:earlier[1]]
+            neutral, origins = earlier[0].taken(first)
+            self.origins.update(zip(map(id, neutral), origins, strict=True))
+            self.keep.extend(neutral)
+            out.extend(neutral)
+        made_from = len(out)
+        messages = self.body["messages"]
+        for k in range(first, len(messages)):
+            out.extend(self._decoded(k, messages[k], cache) if k != self.start or not self.start
+                       else self.decode_message(k, messages[k]))  # (a compaction: decoded afresh)
+            ends.append(len(out) - natives_from)
+        if self.spans is not None:  # for the next body that resends these messages
+            made = [*origins, *(self.origins[id(m)] for m in out[made_from:])]
+            self.spans.derive(DecodedPrefix(self.start, out[natives_from:], made, ends))
         return out
 
     def _decoded(self, k: int, native: Any, cache: NeutralCache | None) -> list[Message]:
@@ -114,10 +137,6 @@ class Encoder:
             return neutral
         for message, origin in made:
             self._note(message, origin)
-        if k != SYSTEM and native["role"] == "assistant" and isinstance(native["content"], list):
-            for block in native["content"]:
-                if block.get("type") == "tool_use":
-                    self.call_owner[str(block.get("id"))] = (k, native)
         return [message for message, _ in made]
 
     def take_over_context(self) -> None:
@@ -166,8 +185,6 @@ class Encoder:
         content = [native["content"][i] for i in indexes]
         texts = [b for b in content if b.get("type") == "text"]
         calls = [b for b in content if b.get("type") == "tool_use"]
-        for block in calls:
-            self.call_owner[str(block.get("id"))] = (k, native)
         # Thinking counts in a tool loop, and server tools' calls and results always: kept as parts
         # the token counter reads (never rewritten; headlines read text parts only).
         other = [neutral_part(b) for b in content if b.get("type") not in ("text", "tool_use")]
@@ -178,6 +195,14 @@ class Encoder:
         if calls:
             message["tool_calls"] = [neutral_call(b) for b in calls]
         return [self._note(message, Origin(k, native, tuple(indexes)))]
+
+    @functools.cached_property
+    def call_owner(self) -> dict[str, tuple[int, dict[str, Any]]]:
+        """tool_use id -> (k, the native message holding it): found when an internal round needs it."""
+        messages = self.body["messages"]
+        return {str(block.get("id")): (k, messages[k]) for k in range(self.start, len(messages))
+                if messages[k]["role"] == "assistant" and isinstance(messages[k]["content"], list)
+                for block in messages[k]["content"] if block.get("type") == "tool_use"}
 
     def register(self, neutral: Message, native: Any) -> None:
         """A message an internal round added (the model's answer): its native form goes upstream."""
@@ -350,26 +375,3 @@ def prefill_last(turns: list[tuple[str, list[dict[str, Any]], dict[str, Any] | N
         turns[-2] = (role, [*before, *blocks], None)
     else:
         turns.insert(len(turns) - 1, ("user", blocks, None))
-
-
-def compacted_until(messages: list[dict[str, Any]]) -> int:
-    """The index of the last message holding a provider `compaction` block (0 without one): the provider
-    reads nothing before that block, so the layers leave it alone and it goes upstream as sent."""
-    for k in range(len(messages) - 1, -1, -1):
-        content = messages[k].get("content")
-        if isinstance(content, list) and any(isinstance(b, dict) and b.get("type") == "compaction"
-                                             for b in content):
-            return k
-    return 0
-
-
-def count_breakpoints(body: dict[str, Any], messages: list[dict[str, Any]]) -> int:
-    def blocks(value: Any) -> list[Any]:
-        return value if isinstance(value, list) else []
-
-    total = sum(1 for b in blocks(body.get("system")) if isinstance(b, dict) and b.get("cache_control"))
-    total += sum(1 for t in blocks(body.get("tools")) if isinstance(t, dict) and t.get("cache_control"))
-    for message in messages:
-        total += sum(1 for b in blocks(message.get("content"))
-                     if isinstance(b, dict) and b.get("cache_control"))
-    return total

@@ -63,3 +63,27 @@ def native_tool(spec: dict[str, Any]) -> dict[str, Any]:
 
 def reminder(text: str) -> dict[str, Any]:
     return {"type": "text", "text": f"<system-reminder>\n{text}\n</system-reminder>"}
+
+
+def compaction_at(messages: list[dict[str, Any]], lowest: int) -> int:
+    """The index (from `lowest` on) of the last message holding a provider `compaction` block, -1 without
+    one: the provider reads nothing before that block, so the layers leave it alone and it goes upstream
+    as sent."""
+    for k in range(len(messages) - 1, lowest - 1, -1):
+        content = messages[k].get("content")
+        if isinstance(content, list) and any(isinstance(b, dict) and b.get("type") == "compaction"
+                                             for b in content):
+            return k
+    return -1
+
+
+def count_breakpoints(body: dict[str, Any], messages: list[dict[str, Any]]) -> int:
+    def blocks(value: Any) -> list[Any]:
+        return value if isinstance(value, list) else []
+
+    total = sum(1 for b in blocks(body.get("system")) if isinstance(b, dict) and b.get("cache_control"))
+    total += sum(1 for t in blocks(body.get("tools")) if isinstance(t, dict) and t.get("cache_control"))
+    for message in messages:
+        total += sum(1 for b in blocks(message.get("content"))
+                     if isinstance(b, dict) and b.get("cache_control"))
+    return total

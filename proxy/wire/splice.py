@@ -29,16 +29,28 @@ class Spans:
     """Where the elements of one top-level array lie in `raw`: `opening` is the offset just past its `[`,
     `ends[i]` the offset just past element i's last byte. `base`: the spans of an earlier body whose first
     `shared` elements are this one's very objects in the same places (a resent history), so finding an
-    element's place extends that body's index instead of building one (~0.2 ms per 1,000 messages)."""
+    element's place extends that body's index instead of building one (~0.2 ms per 1,000 messages).
+    `derived`: what a codec made of these elements (wire/decoded_prefix.py), for a later body sharing them."""
 
-    __slots__ = ("_base", "_index", "ends", "opening", "raw")
+    __slots__ = ("_base", "_earlier", "_index", "derived", "ends", "opening", "raw")
 
     def __init__(self, raw: bytes, opening: int, ends: list[int], base: Spans | None = None,
                  shared: int = 0) -> None:
         self.raw, self.opening, self.ends = raw, opening, ends
         self._index: dict[int, int] | None = None
-        # (only an index already made is kept: no chain of earlier bodies is held)
+        self.derived: Any = None
+        # (only an index or a derivation already made is kept: no chain of earlier bodies is held)
         self._base = (base._index, shared) if base is not None and base._index is not None else None
+        self._earlier = (base.derived, shared) if base is not None and base.derived is not None else None
+
+    def derived_before(self) -> tuple[Any, int] | None:
+        """What a codec made of the earlier body these spans extend, and how many of its leading elements
+        are this body's very objects (None: no earlier body, or nothing made of it)."""
+        return self._earlier
+
+    def derive(self, made: Any) -> None:
+        """Keep what a codec made of these elements (and let go of the earlier body's)."""
+        self.derived, self._earlier = made, None
 
     def index_of(self, parsed: list[Any]) -> dict[int, int]:
         """id(element) -> its place, for `parsed` (the array these spans locate). Stale entries (an earlier
