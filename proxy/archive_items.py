@@ -83,26 +83,30 @@ class TableRow:
 # --------------------------------------------------------------------- items as bytes (queue, spool)
 
 _EXCHANGE, _ROW, _UNUSABLE = 1, 2, 3
-_RELATIVE = "_relative_to"  # spool_delta: [base index, request messages shared, forwarded shared or -1]
+# spool_delta: [base index, request messages shared, forwarded shared or -1, 1 if the params are the base's]
+_RELATIVE = "_relative_to"
 _BLOB_FIELDS = ("response_body", "response_chunks")
 _EXCHANGE_FIELDS = tuple(f.name for f in fields(ExchangeRecord) if f.name not in _BLOB_FIELDS)
 _HEAD = struct.Struct("<BBI")  # kind, 1 if the stdlib wrote the JSON, its length
 _BLOB = struct.Struct("<q")
 
 
-def encode_item(item: ExchangeRecord | TableRow, relative: tuple[int, int, int] | None = None) -> bytes:
+def encode_item(item: ExchangeRecord | TableRow, relative: tuple[int, int, int, bool] | None = None) -> bytes:
     """An item as bytes: kind, JSON of its fields, then the raw response body and stream bytes.
     `relative` (base record's index in its spool segment, request messages and forwarded messages shared
-    with it, -1: forwarded whole): only the messages after those are written (spool_delta.py)."""
+    with it, -1: forwarded whole, whether its params are the base's): only the messages after those are
+    written, and the params only when they differ (spool_delta.py)."""
     if isinstance(item, ExchangeRecord):
         kind = _EXCHANGE
         meta: dict[str, Any] = {name: getattr(item, name) for name in _EXCHANGE_FIELDS}
         if relative is not None:
-            index, on_request, on_forwarded = relative
+            index, on_request, on_forwarded, same_params = relative
             meta["request_messages"] = item.request_messages[on_request:]
             if on_forwarded >= 0 and item.forwarded_messages is not None:
                 meta["forwarded_messages"] = item.forwarded_messages[on_forwarded:]
-            meta[_RELATIVE] = [index, on_request, on_forwarded]
+            if same_params:
+                meta["params"] = {}
+            meta[_RELATIVE] = [index, on_request, on_forwarded, int(same_params)]
         blobs = [item.response_body, b"".join(item.response_chunks) if item.response_chunks else None]
     elif isinstance(item, TableRow):
         kind, meta, blobs = _ROW, {"table": item.table, "row": item.row, "replace": item.replace}, []
@@ -129,7 +133,7 @@ def decode_item(payload: bytes) -> ExchangeRecord | TableRow: ...
 
 @overload
 def decode_item(payload: bytes, relative: Literal[True]) -> tuple[ExchangeRecord | TableRow,
-                                                                 tuple[int, int, int] | None]: ...
+                                                                 tuple[int, int, int, bool] | None]: ...
 
 
 def decode_item(payload: bytes, relative: bool = False) -> Any:
@@ -161,8 +165,8 @@ def decode_item(payload: bytes, relative: bool = False) -> Any:
     record.response_body = blobs[0]
     record.response_chunks = [blobs[1]] if blobs[1] else []
     reference = meta.get(_RELATIVE)
-    if relative:
-        return record, tuple(reference) if reference is not None else None
+    if relative:  # (a spool from before params were shared holds three numbers)
+        return record, None if reference is None else (*reference[:3], bool(reference[3:4] == [1]))
     if reference is not None:
         raise ValueError("a record spooled relative to another one, read without it")
     return record

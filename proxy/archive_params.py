@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 import re
+import threading
+from collections import OrderedDict
 from typing import Any
 
 import orjson
@@ -63,15 +65,38 @@ def _holds_secrets(dumped: bytes) -> bool:
     return _without_secrets(value) is not value
 
 
+# A resent body's large values (Claude Code's tools: ~15 KB a turn) are the earlier parse's very objects
+# (wire/resent.py): what they were cleaned to is remembered by identity, sparing their serialization.
+_SAME_OBJECT_BYTES = 4096  # values serializing to at least this many bytes are remembered
+_SAME_OBJECTS = 64
+_cleaned: OrderedDict[int, tuple[Any, Any]] = OrderedDict()  # id -> (the value, held; what it cleans to)
+_cleaned_lock = threading.Lock()
+
+
 def _clean(value: Any) -> Any:
     # Agents resend the same tools every turn: the verdict for identical JSON is remembered.
+    known = _cleaned.get(id(value))
+    if known is not None and known[0] is value:
+        return known[1]
     try:
         dumped = orjson.dumps(value)
     except TypeError:
         return _without_secrets(value)
-    if len(dumped) <= _CACHE_JSON_BYTES and not _holds_secrets(dumped):
-        return value
-    return _without_secrets(value)
+    cleaned = value if len(dumped) <= _CACHE_JSON_BYTES and not _holds_secrets(dumped) \
+        else _without_secrets(value)
+    if len(dumped) >= _SAME_OBJECT_BYTES:
+        with _cleaned_lock:
+            _cleaned[id(value)] = (value, cleaned)
+            while len(_cleaned) > _SAME_OBJECTS:
+                _cleaned.popitem(last=False)
+    return cleaned
+
+
+def same_params(one: dict[str, Any] | None, other: dict[str, Any]) -> bool:
+    """Whether two params dicts hold the very same values under the same keys, in order (nothing edits
+    parsed values in place: the same objects are the same JSON)."""
+    return one is not None and len(one) == len(other) and all(
+        a == b and one[a] is other[b] for a, b in zip(one, other, strict=True))
 
 
 def request_params(body: dict[str, Any]) -> dict[str, Any]:

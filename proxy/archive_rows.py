@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from proxy.accounting import Pricing, account
 from proxy.archive_codec import cell, dumps, safe_text
 from proxy.archive_db import insert_message, message_id
+from proxy.archive_params import same_params
 from proxy.archive_parse import integer, parse_response, raw_response
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 CHAIN_CACHE_BYTES = 32 * 1024 * 1024  # default byte budget of the writer's last-chain-per-session cache
 PARSED_PER_SERIALIZED = 2  # parsed messages / their JSON bytes: 1.2-3.8x on the shared traces, ~1.5 typical
 CHAIN_CACHE_SESSIONS = 2000  # and at most this many entries, however small
-PARAMS_SESSIONS = 2000  # sessions whose last request params (serialized) and their row id are remembered
+PARAMS_SESSIONS = 2000  # sessions whose last request params (objects, bytes) and row id are remembered
 ERROR_CHARS = 65536  # an error answer's text kept in exchanges.error
 _SEEN_LIMIT = 500_000
 
@@ -95,7 +96,7 @@ class RowWriter:
         self.stale = False  # replaying set-aside records: never overwrite a row written since
         self.pricing = pricing or Pricing()
         self.written: list[dict[str, Any]] = []  # exchange rows of the open transaction (no content)
-        self._last_params: OrderedDict[tuple[str, str], tuple[bytes, str]] = OrderedDict()
+        self._last_params: OrderedDict[tuple[str, str], tuple[dict[str, Any], bytes, str]] = OrderedDict()
         self._statements: dict[tuple[str, str, tuple[str, ...]], str] = {}
 
     def forget(self) -> None:
@@ -155,17 +156,20 @@ class RowWriter:
 
     def _params_id(self, record: ExchangeRecord) -> str:
         """The `request_params` row of the record's params, written when new: a session sends the same
-        ones every turn (the bytes compared with its last ones spare the hash)."""
-        body = dumps(record.params)
-        tenant = record.tenant
+        ones every turn (the very objects as last time spare serializing them, the same bytes the hash)."""
+        params, tenant = record.params, record.tenant
         key = (tenant, record.session_id)
         last = self._last_params.pop(key, None)
-        node = last[1] if last is not None and last[0] == body else message_id(f"params:{tenant}", body)
+        if last is not None and same_params(last[0], params):
+            body, node = last[1], last[2]
+        else:
+            body = dumps(params)
+            node = last[2] if last is not None and last[1] == body else message_id(f"params:{tenant}", body)
         if node not in self._seen:
             self._row("INSERT OR IGNORE", "request_params", {
                 "id": node, "tenant": record.tenant, "body": body.decode(), "created_at": record.created_at})
             self._remember(node)
-        self._last_params[key] = (body, node)
+        self._last_params[key] = (params, body, node)
         if len(self._last_params) > PARAMS_SESSIONS:
             self._last_params.popitem(last=False)
         return node

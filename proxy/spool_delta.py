@@ -25,6 +25,7 @@ from typing import Any
 
 from proxy.archive_codec import dumps
 from proxy.archive_items import ExchangeRecord, decode_item, encode_item, unknown_kind
+from proxy.archive_params import same_params
 from proxy.spool import Spool
 from proxy.wire.resent import MIN_BYTES, same_objects, starts_with
 
@@ -40,11 +41,12 @@ Key = tuple[str, str]  # (tenant, session id)
 
 
 class _Base:
-    __slots__ = ("epoch", "forwarded", "index", "request", "root_bytes", "used")
+    __slots__ = ("epoch", "forwarded", "index", "params", "request", "root_bytes", "used")
 
-    def __init__(self, epoch: int, index: int, request: list[Any], forwarded: list[Any] | None,
-                 root_bytes: int, used: float) -> None:
-        self.epoch, self.index, self.request, self.forwarded = epoch, index, request, forwarded
+    def __init__(self, epoch: int, index: int, record: ExchangeRecord, root_bytes: int, used: float) -> None:
+        self.epoch, self.index, self.request, self.forwarded = epoch, index, record.request_messages, \
+            record.forwarded_messages
+        self.params = record.params
         self.root_bytes = root_bytes  # the whole record its chain of relative records starts from
         self.used = used
 
@@ -122,16 +124,17 @@ class Bases:
         if on_request < MIN_SHARED:
             payload = encode_item(record)
             if len(payload) >= self.min_base_bytes:
-                self._remember(key, request, forwarded, len(payload), spool)
+                self._remember(key, record, len(payload), spool)
             return payload
         assert base is not None  # (messages were shared with it)
-        self._remember(key, request, forwarded, base.root_bytes, spool)
-        return encode_item(record, relative=(base.index, on_request, on_forwarded))
+        self._remember(key, record, base.root_bytes, spool)
+        # (Claude Code's params, its tools, are ~15 KB a turn: the base's very objects are not written again)
+        return encode_item(record, relative=(base.index, on_request, on_forwarded,
+                                             same_params(base.params, record.params)))
 
-    def _remember(self, key: Key, request: list[Any], forwarded: list[Any] | None, root_bytes: int,
-                  spool: Spool) -> None:
+    def _remember(self, key: Key, record: ExchangeRecord, root_bytes: int, spool: Spool) -> None:
         now = self._clock()
-        self._last[key] = _Base(spool.epoch, spool.records, request, forwarded, root_bytes, now)
+        self._last[key] = _Base(spool.epoch, spool.records, record, root_bytes, now)
         spool.base_bytes += root_bytes
         while len(self._last) > MAX_SESSIONS or next(iter(self._last.values())).used < now - IDLE_SECONDS:
             self._forget(next(iter(self._last)), spool)
@@ -150,7 +153,7 @@ class Expander:
     """Makes the records of one spool file whole again, in file order (replay)."""
 
     def __init__(self) -> None:
-        self._records: list[tuple[Key, list[Any], list[Any] | None] | None] = []
+        self._records: list[tuple[Key, list[Any], list[Any] | None, dict[str, Any]] | None] = []
 
     def __call__(self, payload: bytes) -> bytes:
         try:
@@ -163,7 +166,7 @@ class Expander:
             return payload
         key = (item.tenant, item.session_id)
         if relative is not None:
-            index, on_request, on_forwarded = relative
+            index, on_request, on_forwarded, same_params = relative
             base = self._records[index] if 0 <= index < len(self._records) else None
             if base is None or base[0] != key or len(base[1]) < on_request:
                 self._records.append(None)
@@ -171,6 +174,8 @@ class Expander:
             item.request_messages = base[1][:on_request] + item.request_messages
             if on_forwarded >= 0 and isinstance(base[2], list) and isinstance(item.forwarded_messages, list):
                 item.forwarded_messages = base[2][:on_forwarded] + item.forwarded_messages
+            if same_params:
+                item.params = base[3]
             payload = encode_item(item)
-        self._records.append((key, item.request_messages, item.forwarded_messages))
+        self._records.append((key, item.request_messages, item.forwarded_messages, item.params))
         return payload

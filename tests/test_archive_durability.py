@@ -22,6 +22,7 @@ import openai
 import orjson
 import pytest
 
+from proxy import archive_params
 from proxy.archive import (
     ArchiveWriter,
     ExchangeRecord,
@@ -295,6 +296,23 @@ def test_request_params_drop_secrets_at_any_depth_without_touching_the_body():
         tools = request_params({"tools": [login, mcp]})["tools"]
         assert tools == [login, {"type": "mcp", "server_url": "https://mcp.example", "headers": {}}]
         assert mcp["headers"] == {"Authorization": "Bearer sk-5"}  # not mutated
+
+
+def test_the_very_same_large_params_value_is_cleaned_once(monkeypatch):
+    """A resent body's tools are the earlier parse's very objects: what they cleaned to is taken again
+    without serializing them; an equal copy is cleaned anew."""
+    mcp = {"type": "mcp", "server_url": "https://mcp.example", "headers": {"Authorization": "Bearer sk-6"}}
+    tools = [*({"name": f"Tool{n}", "description": "d" * 400} for n in range(20)), mcp]
+    first = request_params({"tools": tools})["tools"]
+    assert b"sk-6" not in orjson.dumps(first) and len(first) == 21
+
+    def refuse(value, *args, **kwargs):
+        raise AssertionError("serialized again")
+
+    monkeypatch.setattr(archive_params.orjson, "dumps", refuse)
+    assert request_params({"tools": tools})["tools"] is first
+    with pytest.raises(AssertionError, match="serialized again"):
+        request_params({"tools": [*tools]})
 
 
 @BOTH_BACKENDS

@@ -24,34 +24,45 @@ from tests.test_archive_durability import Blocker, count
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def record(n: int, session: str, request: list[Any], forwarded: list[Any] | None = None) -> ExchangeRecord:
+def record(n: int, session: str, request: list[Any], forwarded: list[Any] | None = None,
+           params: dict[str, Any] | None = None) -> ExchangeRecord:
     return ExchangeRecord(
         id=f"ex-{n}", created_at=utc_now(), session_id=session, session_source="header", tenant="t",
         policy="default", route="chat/completions", model="m", stream=False, request_messages=request,
-        forwarded_messages=forwarded, params={}, status=200, response_body=b'{"choices":[]}')
+        forwarded_messages=forwarded, params={} if params is None else params, status=200,
+        response_body=b'{"choices":[]}')
+
+
+TOOLS = [{"name": "Bash", "input_schema": {"type": "object"}}]
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 12), st.booleans(), st.booleans(),
-                          st.sampled_from([1, 1.0, True, "1"]), st.sampled_from([None, 40, 400])),
+                          st.sampled_from([1, 1.0, True, "1"]), st.sampled_from([None, 40, 400]),
+                          st.sampled_from(["same objects", "equal copy", "other", "fewer keys"])),
                 min_size=1, max_size=25))
 def test_every_record_comes_back_whole_from_the_spool(tmp_path_factory, steps):
     """Any mix of sessions growing, restarting (an edited history) or rewritten (forwarded lists whose
     block is made anew every time: equal to the last one, or equal but written differently, 1 / 1.0 /
-    True; tried first as the event loop would, for a small relative record only): what the spool holds,
-    made whole in file order, is each record as submitted, byte for byte."""
+    True; tried first as the event loop would, for a small relative record only), their params the very
+    objects of the last record's, equal ones or others: what the spool holds, made whole in file order,
+    is each record as submitted, byte for byte."""
     spool = Spool(tmp_path_factory.mktemp("spool"))
     bases = Bases(min_base_bytes=0)
     histories: dict[int, list[dict[str, Any]]] = {}
     submitted, payloads = [], []
-    for n, (session, grow, edit, rewrite, flavour, small_only) in enumerate(steps):
+    for n, (session, grow, edit, rewrite, flavour, small_only, params_kind) in enumerate(steps):
+        params = {"same objects": {"tools": TOOLS, "max_tokens": 100},
+                  "equal copy": {"tools": [dict(TOOLS[0])], "max_tokens": 100},
+                  "other": {"tools": TOOLS, "max_tokens": n},
+                  "fewer keys": {"tools": TOOLS}}[params_kind]
         history = histories.get(session, [])
         if edit and history:
             history = [{"role": "system", "content": f"edited {n}"}, *history[1:]]
         history = history + [{"role": "user", "content": f"s{session} m{n}.{k}"} for k in range(grow + 1)]
         histories[session] = history
         forwarded = [{"role": "system", "content": "block", "n": flavour}, *history[-3:]] if rewrite else None
-        item = record(n, f"s{session}", history, forwarded)
+        item = record(n, f"s{session}", history, forwarded, params)
         small = bases.encode(item, spool, small_only=small_only) if small_only else None
         if small is not None:
             assert len(small) < len(encode_item(item))  # relative
@@ -66,6 +77,32 @@ def test_every_record_comes_back_whole_from_the_spool(tmp_path_factory, steps):
     path = next(spool.folder.glob("*.log"))
     replay_file(path, replayed.extend, batch_items=1000, batch_bytes=1 << 30, prepare=Expander())
     assert replayed == [encode_item(item) for item in submitted]
+
+
+def test_params_the_base_holds_are_not_spooled_again(tmp_path):
+    """Claude Code's tools, the same objects every turn (wire/resent.py), are written once a spool epoch;
+    params equal but made anew, or other ones, are written whole."""
+    spool = Spool(tmp_path / "spool")
+    bases = Bases(min_base_bytes=0)
+    tools = [{"name": f"Tool{n}", "description": "d" * 500, "input_schema": {"type": "object"}}
+             for n in range(30)]
+    history = [{"role": "user", "content": f"m{k}"} for k in range(10)]
+    items = [record(0, "s", history, params={"tools": tools, "max_tokens": 100}),
+             record(1, "s", [*history, {"role": "user", "content": "more"}],
+                    params={"tools": tools, "max_tokens": 100}),
+             record(2, "s", [*history, {"role": "user", "content": "more"}, {"role": "user", "content": "x"}],
+                    params={"tools": [dict(t) for t in tools], "max_tokens": 100})]
+    payloads = []
+    for item in items:
+        payloads.append(bases.encode(item, spool))
+        spool.append(payloads[-1])
+    spool.close()
+
+    assert b"Tool7" in payloads[0] and b"Tool7" not in payloads[1] and b"Tool7" in payloads[2]
+    replayed: list[bytes] = []
+    replay_file(next(spool.folder.glob("*.log")), replayed.extend, batch_items=1000, batch_bytes=1 << 30,
+                prepare=Expander())
+    assert replayed == [encode_item(item) for item in items]
 
 
 CHILD = textwrap.dedent("""
