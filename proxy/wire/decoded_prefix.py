@@ -23,12 +23,19 @@ class DecodedPrefix:
     start: int  # the first native message decoded (before it: the provider's, after a compaction)
     neutral: list[Message]  # what the native messages from `start` on decoded to, in order
     origins: list[Any]  # each neutral message's origin (the codec's), in the same order
-    ends: list[int]  # ends[k]: how many of `neutral` come from native messages 0..k
+    # ends[k]: how many of `neutral` come from native messages 0..k alone (a neutral message made of a run
+    # of natives that k does not close is not counted); resume[k]: where decoding goes on when 0..k are
+    # shared (None: always at k + 1; else at the start of the run still open at k)
+    ends: list[int]
+    resume: list[int] | None = None
 
-    def taken(self, shared: int) -> tuple[list[Message], list[Any]]:
-        """The neutral messages and origins of the first `shared` native messages."""
+    def taken(self, shared: int) -> tuple[int, list[Message], list[Any], list[int], list[int] | None]:
+        """For a body sharing the first `shared` natives: where its decoding goes on, the neutral messages
+        and origins before that, and `ends` and `resume` up to there."""
+        go_on = shared if self.resume is None else self.resume[shared - 1]
         end = self.ends[shared - 1]
-        return self.neutral[:end], self.origins[:end]
+        return (go_on, self.neutral[:end], self.origins[:end], self.ends[:go_on],
+                None if self.resume is None else self.resume[:go_on])
 
 
 def earlier_prefix(spans: Spans | None) -> tuple[DecodedPrefix, int] | None:

@@ -107,8 +107,7 @@ class Encoder:
         natives_from = len(out)  # (after the system prompt's)
         first, ends, origins = self.start, [0] * self.start, list[Origin]()  # (ends: see DecodedPrefix)
         if earlier is not None:  # the messages a resent history shares with the earlier body: taken whole
-            first, ends = earlier[1], earlier[0].ends[:earlier[1]]
-            neutral, origins = earlier[0].taken(first)
+            first, neutral, origins, ends, _ = earlier[0].taken(earlier[1])
             self.origins.update(zip(map(id, neutral), origins, strict=True))
             self.keep.extend(neutral)
             out.extend(neutral)

@@ -15,6 +15,7 @@ results `function_call_output` items. Unknown item types and fields pass untouch
 
 from __future__ import annotations
 
+import functools
 import operator
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import orjson
 
 from proxy.wire import Decoded, Message
+from proxy.wire.decoded_prefix import DecodedPrefix, earlier_prefix
 from proxy.wire.neutral_cache import NEUTRAL, NeutralCache
 from proxy.wire.resent import MIN_BYTES
 from proxy.wire.responses_check import validate_responses_request
@@ -105,19 +107,23 @@ class Encoder:
         source = body.get("input")
         self.items: list[dict[str, Any]] = [{"role": "user", "content": source}] if isinstance(source, str) \
             else list(source or [])
-        self.start = max((k for k, item in enumerate(self.items) if item.get("type") == "compaction"),
-                         default=0)
+        # A resent history whose earlier body was decoded from the same start: only the new part is walked.
+        earlier = earlier_prefix(spans)
+        found = next((k for k in range(len(self.items) - 1, earlier[1] - 1 if earlier else -1, -1)
+                      if self.items[k].get("type") == "compaction"), -1)
+        if found >= 0:
+            earlier = None  # (a compaction among the new items: decoding starts there)
+        self.start = max(found, 0) if earlier is None else earlier[0].start  # before: the provider's
         self.origins: dict[int, Origin] = {}
         self.keep: list[Message] = []
-        self.call_owner: dict[str, Origin] = {}
-        self.neutral = self._decode()
+        self.neutral = self._decode(earlier)
 
     def _note(self, neutral: Message, origin: Origin) -> Message:
         self.origins[id(neutral)] = origin
         self.keep.append(neutral)
         return neutral
 
-    def _decode(self) -> list[Message]:
+    def _decode(self, earlier: tuple[DecodedPrefix, int] | None) -> list[Message]:
         out: list[Message] = []
         cache = NEUTRAL if len(self.raw) >= MIN_BYTES else None  # (a smaller body is parsed anew)
         instructions = self.body.get("instructions")
@@ -127,18 +133,34 @@ class Encoder:
             out.append(self._note(system, Origin(INSTRUCTIONS, ())))
             if cache is not None and not made:
                 cache.put(instructions, INSTRUCTIONS, [(system, None)])
+        natives_from = len(out)  # (after the instructions')
+        first, ends, resume, origins = self.start, [0] * self.start, [self.start] * self.start, list[Origin]()
+        if earlier is not None:  # the items a resent history shares with the earlier body: taken whole
+            first, neutral, origins, ends, taken_resume = earlier[0].taken(earlier[1])
+            resume = taken_resume or []
+            self.origins.update(zip(map(id, neutral), origins, strict=True))
+            self.keep.extend(neutral)
+            out.extend(neutral)
+        made_from = len(out)
         run: list[int] = []
-        for k in range(self.start, len(self.items)):
+        for k in range(first, len(self.items)):
             item = self.items[k]
-            if is_model_item(item):
+            if is_model_item(item):  # (a run of the model's items: one message, closed by the next item)
                 run.append(k)
+                ends.append(ends[-1] if ends else 0)
+                resume.append(resume[-1] if resume else first)
                 continue
             if run:
                 out.append(self._decoded(run, cache))
                 run = []
             out.append(self._decoded([k], cache))
+            ends.append(len(out) - natives_from)
+            resume.append(k + 1)
         if run:
             out.append(self._decoded(run, cache))
+        if self.spans is not None:  # for the next body that resends these items
+            kept = [*origins, *(self.origins[id(m)] for m in out[made_from:])]
+            self.spans.derive(DecodedPrefix(self.start, out[natives_from:], kept, ends, resume))
         return out
 
     def _decoded(self, indexes: list[int], cache: NeutralCache | None) -> Message:
@@ -148,8 +170,6 @@ class Encoder:
         made = cache.get(items[0], indexes[0]) if cache is not None else None
         if made and len(made[0][1][1]) == len(items) and all(map(operator.is_, made[0][1][1], items)):
             message, (origin, _) = made[0]
-            for call in message.get("tool_calls") or ():
-                self.call_owner[str(call["id"])] = origin
             return self._note(message, origin)
         message = self._assistant(indexes) if is_model_item(items[0]) else self._other(indexes[0], items[0])
         if cache is not None:
@@ -169,10 +189,7 @@ class Encoder:
         message: Message = {"role": "assistant", "content": content}
         if calls:
             message["tool_calls"] = calls
-        origin = Origin(indexes[0], tuple(indexes))
-        for call in calls:
-            self.call_owner[str(call["id"])] = origin
-        return self._note(message, origin)
+        return self._note(message, Origin(indexes[0], tuple(indexes)))
 
     def _other(self, k: int, item: dict[str, Any]) -> Message:
         kind = item.get("type") or "message"
@@ -187,6 +204,13 @@ class Encoder:
             return self._note({"role": role, "content": message_content(item.get("content"))}, origin)
         # item_reference, approvals...: counted, kept as sent
         return self._note({"role": "user", "content": [as_text(item)]}, origin)
+
+    @functools.cached_property
+    def call_owner(self) -> dict[str, Origin]:
+        """call_id -> the origin of the neutral message holding the call: found when an internal round
+        needs it."""
+        return {str(call["id"]): self.origins[id(message)] for message in self.neutral
+                for call in message.get("tool_calls") or ()}
 
     def register(self, neutral: Message, native: Any) -> None:
         """An internal round's answer: its output items go upstream in the next round."""

@@ -1,6 +1,6 @@
-"""Anthropic Messages: a resent history takes what its earlier body decoded to (wire/decoded_prefix.py) and
-decodes only its new messages, with exactly what a decode from nothing gives: the same neutral
-conversation, the same origins, the same bytes encoded back."""
+"""Anthropic Messages and OpenAI Responses: a resent history takes what its earlier body decoded to
+(wire/decoded_prefix.py) and decodes only its new messages, with exactly what a decode from nothing gives:
+the same neutral conversation, the same origins, the same bytes encoded back."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.wire import messages as codec
+from proxy.wire import responses
 from proxy.wire.messages_format import MESSAGES
 from proxy.wire.neutral_cache import NEUTRAL
 from proxy.wire.resent import BODIES
+from proxy.wire.responses_format import RESPONSES
 
 MARK = {"type": "ephemeral"}
 
@@ -135,3 +137,71 @@ def test_a_compaction_among_the_new_messages_starts_the_decoding_there() -> None
     assert later.messages[0]["content"] == "Be careful." and later.messages[1] == {
         "role": "system", "content": "summary up to 4"}
     assert len(later.messages) == 4  # system, the compaction's summary, its text, the user's "go on"
+
+
+# ------------------------------------------------------------------------------------ OpenAI Responses
+
+
+def items_of(n: int, kind: str) -> list[dict[str, Any]]:
+    """Codex's items: a run of the model's own (reasoning, a call) closed by the call's output, an
+    assistant message and the user's answer, or the provider's compaction."""
+    if kind == "compaction":
+        return [{"type": "compaction", "encrypted_content": f"enc{n}"}]
+    if kind == "message":
+        return [{"type": "message", "role": "assistant",
+                 "content": [{"type": "output_text", "text": f"a{n}"}]},
+                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": f"u{n}"}]}]
+    return [{"type": "reasoning", "id": f"rs_{n}", "summary": [{"type": "summary_text", "text": "hmm"}]},
+            {"type": "function_call", "id": f"fc_{n}", "call_id": f"call_{n}", "name": "shell",
+             "arguments": orjson.dumps({"cmd": f"run {n}"}).decode()},
+            {"type": "function_call_output", "call_id": f"call_{n}", "output": f"output {n} " * 40}]
+
+
+def responses_bytes(items: list[dict[str, Any]]) -> bytes:
+    return orjson.dumps({"model": "gpt-5", "instructions": "You are Codex.", "input": items, "store": False,
+                         "tools": [{"type": "function", "name": "shell", "parameters": {"type": "object"}}]})
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["call", "call", "message", "compaction"]), st.integers(0, 2)),
+                min_size=2, max_size=7))
+def test_a_resent_responses_history_decodes_as_from_nothing(steps: list[tuple[str, int]]) -> None:
+    """Including a resend that parts from the earlier body inside a run of the model's items (its last
+    items dropped before new ones): the run is decoded again from its start."""
+    BODIES.clear()
+    NEUTRAL.clear()
+    items = [{"type": "message", "role": "user",
+              "content": [{"type": "input_text", "text": f"Fix it {len(steps)}. " + "ctx " * 2500}]}]
+    for n, (kind, dropped) in enumerate(steps):
+        items = [*items[:max(1, len(items) - dropped)], *items_of(n, kind)]
+        raw = responses_bytes(items)
+        decoded = RESPONSES.decode(raw)
+        encoder = decoded.encode.__self__  # type: ignore[attr-defined]
+        fresh = responses.Encoder(orjson.loads(raw), raw, None)
+        assert encoder.start == fresh.start
+        assert decoded.messages == fresh.neutral
+        assert [encoder.origins[id(m)] for m in decoded.messages] == \
+            [fresh.origins[id(m)] for m in fresh.neutral]
+        assert encoder.call_owner == fresh.call_owner
+        rewritten = summarized_first_tool_result(decoded.messages)
+        assert decoded.encode(rewritten, decoded.messages, decoded.tools) == \
+            fresh.encode(summarized_first_tool_result(fresh.neutral), fresh.neutral, fresh.body.get("tools"))
+
+
+def test_only_the_new_items_are_decoded(monkeypatch: pytest.MonkeyPatch) -> None:
+    items = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "ctx " * 2500}]}]
+    for n in range(3):
+        items = [*items, *items_of(n, "call")]
+    RESPONSES.decode(responses_bytes(items))
+    RESPONSES.decode(responses_bytes([*items, *items_of(3, "call")]))
+    seen: list[list[int]] = []
+    decoded_one = responses.Encoder._decoded
+
+    def spy(self: responses.Encoder, indexes: list[int], cache: Any) -> Any:
+        seen.append(list(indexes))
+        return decoded_one(self, indexes, cache)
+
+    monkeypatch.setattr(responses.Encoder, "_decoded", spy)
+    RESPONSES.decode(responses_bytes([*items, *items_of(3, "call"), *items_of(4, "call")]))
+
+    assert seen == [[13, 14], [15]]  # the new run (reasoning, call) and its output
