@@ -1,11 +1,19 @@
-"""Claude-style sessions on the Anthropic Messages route, for the overhead benchmark (issue 14).
+"""Agent sessions on the Anthropic Messages and OpenAI Responses routes, for the overhead benchmark
+(issue 14).
 
 Real conversations from ../shared/traces (read in place): the longest mini-swe-agent ones (long tool
-outputs) and the longest tau2-bench ones (tool calls and results), each turned into the Messages request
-its agent would send at every model call (bench/to_messages.py), shaped as Claude Code sends it (the
-messages first, then the system prompt and Claude Code's 16 tools), with the cache markers Claude Code
-sets: on the system prompt, and on the last block of the newest message, so the marker moves every turn. The
-sessions run `concurrency` at a time through a fresh server; CPU per request is the server's (/proc).
+outputs) and the longest tau2-bench ones (tool calls and results), each turned into the request its agent
+would send at every model call:
+- Claude-style (`/v1/messages`, bench/to_messages.py), shaped as Claude Code sends it (the messages first,
+  then the system prompt and Claude Code's 16 tools), with the cache markers Claude Code sets: on the
+  system prompt, and on the last block of the newest message, so the marker moves every turn;
+- Codex-style (`/v1/responses`, bench/to_responses.py), shaped as Codex sends it with `store: false`: the
+  whole history in `input`, its `prompt_cache_key` naming the conversation, streamed.
+
+Measured interleaved: every server is up at once and each request goes to each of them in turn (the order
+rotating), `concurrency` sessions at a time, so a change in the machine's speed during the run moves every
+server alike (measured one after another, the same pair's ratio swung from 1.4 to 2.7 here). CPU per
+request is each server's own (/proc) over the whole run.
 """
 
 from __future__ import annotations
@@ -24,9 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.procstat import rss_mb, settled_cpu_seconds
 from bench.session_replay import TRACES
 from bench.to_messages import to_messages
+from bench.to_responses import to_responses
 
 MARK = {"type": "ephemeral"}
 HEADERS = {"x-api-key": "sk-ant-bench", "anthropic-version": "2023-06-01", "content-type": "application/json"}
+CODEX_HEADERS = {"authorization": "Bearer sk-bench", "content-type": "application/json"}
 SOURCES = ("miniswe_gemini3pro_swebv_dev.jsonl", "tau2bench_dev.jsonl")
 
 
@@ -61,65 +71,93 @@ def session_requests(messages: list[dict[str, Any]], session: str = "0") -> list
             for end, message in enumerate(messages) if end and message.get("role") == "assistant"]
 
 
-def claude_sessions(sessions: int, traces: Path = TRACES) -> list[list[bytes]]:
+def codex_requests(messages: list[dict[str, Any]], session: str = "0") -> list[bytes]:
+    """The same model calls as Codex sends them (`store: false`): instructions, the whole input, tools."""
+    out = []
+    for end, message in enumerate(messages):
+        if end and message.get("role") == "assistant":
+            body = to_responses(messages[:end], called_in=messages)
+            out.append(orjson.dumps({**body, "tool_choice": "auto", "parallel_tool_calls": False,
+                                     "reasoning": {"effort": "medium", "summary": "auto"}, "stream": True,
+                                     "include": ["reasoning.encrypted_content"],
+                                     "prompt_cache_key": f"codex-{session}"}))
+    return out
+
+
+SHAPES: dict[str, tuple[str, dict[str, str], Callable[[list[dict[str, Any]], str], list[bytes]]]] = {
+    "claude": ("/v1/messages", HEADERS, session_requests),
+    "codex": ("/v1/responses", CODEX_HEADERS, codex_requests)}
+
+
+def claude_sessions(sessions: int, traces: Path = TRACES, shape: str = "claude") -> list[list[bytes]]:
     """The longest `sessions` conversations, half from each source."""
+    requests_of = SHAPES[shape][2]
     found: list[list[bytes]] = []
     for number, name in enumerate(SOURCES):
         lines = (traces / name).read_bytes().splitlines()
         conversations = sorted((orjson.loads(line)["messages"] for line in lines if line.strip()),
                                key=lambda m: len(orjson.dumps(m)), reverse=True)
         wanted = sessions // len(SOURCES) + (number < sessions % len(SOURCES))
-        found += [session_requests(messages, f"{number}-{n}")
-                  for n, messages in enumerate(conversations[:wanted])]
+        found += [requests_of(messages, f"{number}-{n}") for n, messages in enumerate(conversations[:wanted])]
     return found
 
 
-async def run_sessions(url: str, headers: dict[str, str], sessions: list[list[bytes]],
-                       concurrency: int) -> tuple[list[float], int]:
-    """Every session's requests in turn, `concurrency` sessions at a time: (milliseconds, errors)."""
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+async def run_sessions(urls: list[str], headers: dict[str, str], sessions: list[list[bytes]],
+                       concurrency: int) -> tuple[list[list[float]], list[int]]:
+    """Every session's requests in turn, `concurrency` sessions at a time, each request sent to every url
+    in turn (the order rotating): per url, (milliseconds, errors)."""
+    limits = httpx.Limits(max_connections=concurrency * len(urls),
+                          max_keepalive_connections=concurrency * len(urls))
     gate = asyncio.Semaphore(concurrency)
-    took: list[float] = []
-    errors = 0
+    took: list[list[float]] = [[] for _ in urls]
+    errors = [0] * len(urls)
     async with httpx.AsyncClient(headers=headers, limits=limits, timeout=60.0) as client:
         async def session(number: int, requests: list[bytes]) -> None:
-            nonlocal errors
             async with gate:
-                for body in requests:
-                    began = time.perf_counter()
-                    try:
-                        response = await client.post(url, content=body,
-                                                     headers={"x-ctxproxy-session": f"claude-{number}"})
-                        errors += response.status_code != 200
-                    except httpx.HTTPError:
-                        errors += 1
-                    took.append((time.perf_counter() - began) * 1000)
+                for turn, body in enumerate(requests):
+                    first = (number + turn) % len(urls)
+                    for at in [*range(first, len(urls)), *range(first)]:
+                        began = time.perf_counter()
+                        try:
+                            response = await client.post(urls[at], content=body,
+                                                         headers={"x-ctxproxy-session": f"agent-{number}"})
+                            await response.aread()
+                            errors[at] += response.status_code != 200
+                        except httpx.HTTPError:
+                            errors[at] += 1
+                        took[at].append((time.perf_counter() - began) * 1000)
 
         await asyncio.gather(*(session(n, requests) for n, requests in enumerate(sessions)))
     return took, errors
 
 
 def measure(starters: dict[str, Callable[[], Any]], started: list[Any], sessions: int,
-            concurrency: int = 16) -> dict[str, Any]:
-    """Each target in a fresh server (`starters`: name -> a function starting it; they go in `started`
-    to be stopped on failure): requests, errors, seconds, server CPU, p50/p99 ms, RSS after."""
-    requests = claude_sessions(sessions)
-    found: dict[str, Any] = {"sessions": sessions, "concurrency": concurrency,
-                             "requests_per_run": sum(map(len, requests)),
+            concurrency: int = 16, shape: str = "claude") -> dict[str, Any]:
+    """The targets, each in a fresh server (`starters`: name -> a function starting it; they go in
+    `started` to be stopped on failure), measured interleaved: requests, errors, seconds (the whole run,
+    shared), server CPU, p50/p99 ms, RSS after."""
+    path, headers, _ = SHAPES[shape]
+    requests = claude_sessions(sessions, shape=shape)
+    found: dict[str, Any] = {"sessions": sessions, "concurrency": concurrency, "shape": shape, "path": path,
+                             "interleaved": True, "requests_per_run": sum(map(len, requests)),
                              "mb_sent": sum(map(len, (b for s in requests for b in s))) / 1e6}
+    services = {}
     for name, start in starters.items():
-        service = start()
-        started.append(service)
-        print(f"... Claude-style sessions: {name}, {sessions} sessions on /v1/messages", file=sys.stderr)
-        cpu_before, began = settled_cpu_seconds(service.proc.pid), time.perf_counter()
-        url = service.base + "/v1/messages"
-        took, errors = asyncio.run(run_sessions(url, HEADERS, requests, concurrency))
-        seconds = time.perf_counter() - began
-        took.sort()
-        found[name] = {"requests": len(took), "errors": errors, "seconds": seconds,
-                       "cpu_s": settled_cpu_seconds(service.proc.pid) - cpu_before,
-                       "p50_ms": took[len(took) // 2], "p99_ms": took[int(len(took) * 0.99)],
+        services[name] = start()
+        started.append(services[name])
+    print(f"... {shape}-style sessions: {', '.join(services)} interleaved, {sessions} sessions on {path}",
+          file=sys.stderr)
+    cpu_before = {name: settled_cpu_seconds(s.proc.pid) for name, s in services.items()}
+    began = time.perf_counter()
+    took, errors = asyncio.run(run_sessions([s.base + path for s in services.values()], headers, requests,
+                                            concurrency))
+    seconds = time.perf_counter() - began
+    for (name, service), times, failed in zip(services.items(), took, errors, strict=True):
+        times.sort()
+        found[name] = {"requests": len(times), "errors": failed, "seconds": seconds,
+                       "cpu_s": settled_cpu_seconds(service.proc.pid) - cpu_before[name],
+                       "p50_ms": times[len(times) // 2], "p99_ms": times[int(len(times) * 0.99)],
                        "rss_mb": rss_mb(service.proc.pid)}
+    for service in services.values():
         service.stop()
     return found
-

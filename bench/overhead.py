@@ -10,8 +10,9 @@ history, bench/session_replay.py), server CPU seconds per 1,000 requests (/proc)
 cold start and RSS at start (issue 14). The `*_by_route` scenarios send the same small request through
 ctxproxy's chat, Anthropic Messages and OpenAI Responses routes (each against the fake upstream's own
 route, called directly), so the routes' added latency compare (goal: each within 0.3 ms of chat at p50).
-Last, Claude-style sessions on the Messages route (bench/claude_sessions.py): real sessions with Claude
-Code's moving cache marker, CPU per request against the floor's, each server fresh.
+Last, Claude-style sessions on the Messages route and Codex-style ones on the Responses route
+(bench/claude_sessions.py): real sessions with Claude Code's moving cache marker, and with Codex's whole
+history resent, CPU per request against the floor's, each server fresh, the two measured interleaved.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import os
 import platform
 import signal
@@ -249,14 +251,15 @@ def run(args: argparse.Namespace, workdir: Path, started: list[Service]) -> dict
         added_mean, added_by_route = ctxproxy_self_report(client, ctx.base)
     long_run = _long_run(args, workdir, fake, headers, started)
     startup["ctxproxy, restarted"] = long_run.pop("restart")
-    claude = claude_sessions.measure({
-        "ctxproxy": lambda: start_ctxproxy(workdir, fake.base, args.src, name="ctxproxy-claude"),
-        "bare forwarder": lambda: start_bare(workdir, fake.base)}, started, args.claude_sessions)
+    agents = {shape: claude_sessions.measure({  # (each pair fresh and measured interleaved)
+        "ctxproxy": functools.partial(start_ctxproxy, workdir, fake.base, args.src, name=f"ctxproxy-{shape}"),
+        "bare forwarder": functools.partial(start_bare, workdir, fake.base)}, started, args.claude_sessions,
+        shape=shape) for shape in ("claude", "codex")}
     return {
         "mode": "quick" if quick else "full", "ctxproxy_src": str(args.src or "installed package"),
         "python": platform.python_version(), "cpus": _cpus(),
-        "concurrency": args.concurrency, "long_run": long_run, "claude_sessions": claude,
-        "latency": [asdict(r) for r in latency],
+        "concurrency": args.concurrency, "long_run": long_run, "claude_sessions": agents["claude"],
+        "codex_sessions": agents["codex"], "latency": [asdict(r) for r in latency],
         "throughput": [asdict(r) for r in rows], "big_bytes": len(payloads["history_500KB"][0]),
         "big_messages": len(history), "ctxproxy_added_mean_ms": added_mean,
         "ctxproxy_added_mean_ms_by_route": added_by_route, "route_gap": route_gap(latency),
@@ -361,7 +364,8 @@ def main() -> int:
     parser.add_argument("--long-run", default="100,200", help="SESSIONS,TURNS for the RSS after a long run "
                         "(--quick: 10,20)")
     parser.add_argument("--claude-sessions", type=int, default=32, help="Claude-style sessions on the "
-                        "Messages route, 16 at a time (bench/claude_sessions.py; --quick: 4)")
+                        "Messages route and Codex-style ones on the Responses route, 16 at a time "
+                        "(bench/claude_sessions.py; --quick: 4)")
     parser.add_argument("--requests", type=int, default=0, help="throughput requests per target")
     parser.add_argument("--time-limit", type=float, default=120.0, help="throughput seconds per target (cap)")
     args = parser.parse_args()

@@ -137,14 +137,23 @@ def print_floor(result: dict[str, Any]) -> None:
                         [[generation, f"{row['count']:.0f}", sig3(row["ms"]), f"{row['over_25ms']:.0f}"]
                          for generation, row in sorted(pauses.items())]))
     print_claude_sessions(result.get("claude_sessions"))
+    print_claude_sessions(result.get("codex_sessions"))
+
+
+AGENT_SHAPES = {
+    "claude": "Claude-style sessions on /v1/messages (bench/claude_sessions.py), shaped as Claude Code sends "
+              "them (its key order and tools), the cache marker moving every turn",
+    "codex": "Codex-style sessions on /v1/responses (bench/claude_sessions.py), shaped as Codex sends them "
+             "(store false: the whole history in input, streamed)"}
 
 
 def print_claude_sessions(found: dict[str, Any] | None) -> None:
     if not found:
         return
-    print(f"\nClaude-style sessions on /v1/messages (bench/claude_sessions.py), each server fresh: "
-          f"{found['sessions']} real sessions, {found['concurrency']} at a time, shaped as Claude Code sends "
-          f"them (its key order and tools), the cache marker moving every turn; {found['requests_per_run']} "
+    how = "measured interleaved (each request to every server in turn)" if found.get("interleaved") \
+        else "each server in turn"
+    print(f"\n{AGENT_SHAPES[found.get('shape', 'claude')]}: {found['sessions']} real sessions, "
+          f"{found['concurrency']} at a time, each server fresh, {how}; {found['requests_per_run']} "
           f"requests, {found['mb_sent']:.0f} MB:\n")
     servers = [name for name in found if isinstance(found[name], dict)]
     floor = found.get("bare forwarder") or {}
