@@ -34,18 +34,34 @@ def assistant(items: list[Any]) -> dict[str, Any]:
     return message
 
 
+_FINAL = ("response.completed", "response.incomplete", "response.failed")
+_FINAL_BYTES = tuple(kind.encode() for kind in _FINAL)
+_BLANK_LINES = (b"\n\n", b"\r\r", b"\r\n\r\n")  # where an event ends (whatever else ends one is found later)
+
+
 def final_response(chunks: list[bytes]) -> dict[str, Any] | None:
-    """The response object of the stream's last response.completed / incomplete / failed event."""
-    found = None
-    for data in iter_data(chunks):
-        try:
-            event = loads(data)
-        except ValueError:
-            continue
-        if isinstance(event, dict) and isinstance(event.get("response"), dict) and str(
-                event.get("type")) in ("response.completed", "response.incomplete", "response.failed"):
-            found = event["response"]
-    return found
+    """The response object of the stream's last response.completed / incomplete / failed event. The
+    stream is searched from its end for those names, and only the events from the blank line before a
+    find on are split and parsed (a stream's deltas are most of its events)."""
+    whole = b"".join(chunks)
+    end = len(whole)
+    while end > 0:
+        found = max(whole.rfind(kind, 0, end) for kind in _FINAL_BYTES)
+        if found < 0:
+            return None
+        start = max(0, *(whole.rfind(blank, 0, found) for blank in _BLANK_LINES))
+        for data in reversed(list(iter_data([whole[start:end]]))):
+            if not any(kind in data for kind in _FINAL_BYTES):
+                continue
+            try:
+                event = loads(data)
+            except ValueError:
+                continue
+            if isinstance(event, dict) and isinstance(event.get("response"), dict) and str(
+                    event.get("type")) in _FINAL:
+                return event["response"]
+        end = start
+    return None
 
 
 def parse_responses_response(record: ExchangeRecord) -> ParsedResponse:
