@@ -103,14 +103,15 @@ def claude_sessions(sessions: int, traces: Path = TRACES, shape: str = "claude")
 
 
 async def run_sessions(urls: list[str], headers: dict[str, str], sessions: list[list[bytes]],
-                       concurrency: int) -> tuple[list[list[float]], list[int]]:
+                       concurrency: int) -> tuple[list[list[float]], list[int], list[str]]:
     """Every session's requests in turn, `concurrency` sessions at a time, each request sent to every url
-    in turn (the order rotating): per url, (milliseconds, errors)."""
+    in turn (the order rotating): per url, (milliseconds, errors, the first error's text)."""
     limits = httpx.Limits(max_connections=concurrency * len(urls),
                           max_keepalive_connections=concurrency * len(urls))
     gate = asyncio.Semaphore(concurrency)
     took: list[list[float]] = [[] for _ in urls]
     errors = [0] * len(urls)
+    first_error = [""] * len(urls)
     async with httpx.AsyncClient(headers=headers, limits=limits, timeout=60.0) as client:
         async def session(number: int, requests: list[bytes]) -> None:
             async with gate:
@@ -122,13 +123,17 @@ async def run_sessions(urls: list[str], headers: dict[str, str], sessions: list[
                             response = await client.post(urls[at], content=body,
                                                          headers={"x-ctxproxy-session": f"agent-{number}"})
                             await response.aread()
-                            errors[at] += response.status_code != 200
-                        except httpx.HTTPError:
+                            failed = "" if response.status_code == 200 else \
+                                f"{response.status_code} {response.text[:300]}"
+                        except httpx.HTTPError as exc:
+                            failed = f"{type(exc).__name__}: {exc}"
+                        if failed:
                             errors[at] += 1
+                            first_error[at] = first_error[at] or failed
                         took[at].append((time.perf_counter() - began) * 1000)
 
         await asyncio.gather(*(session(n, requests) for n, requests in enumerate(sessions)))
-    return took, errors
+    return took, errors, first_error
 
 
 def measure(starters: dict[str, Callable[[], Any]], started: list[Any], sessions: int,
@@ -149,12 +154,13 @@ def measure(starters: dict[str, Callable[[], Any]], started: list[Any], sessions
           file=sys.stderr)
     cpu_before = {name: settled_cpu_seconds(s.proc.pid) for name, s in services.items()}
     began = time.perf_counter()
-    took, errors = asyncio.run(run_sessions([s.base + path for s in services.values()], headers, requests,
-                                            concurrency))
+    took, errors, first_error = asyncio.run(run_sessions([s.base + path for s in services.values()], headers,
+                                                         requests, concurrency))
     seconds = time.perf_counter() - began
-    for (name, service), times, failed in zip(services.items(), took, errors, strict=True):
+    for (name, service), times, failed, error in zip(services.items(), took, errors, first_error,
+                                                     strict=True):
         times.sort()
-        found[name] = {"requests": len(times), "errors": failed, "seconds": seconds,
+        found[name] = {"requests": len(times), "errors": failed, "first_error": error, "seconds": seconds,
                        "cpu_s": settled_cpu_seconds(service.proc.pid) - cpu_before[name],
                        "p50_ms": times[len(times) // 2], "p99_ms": times[int(len(times) * 0.99)],
                        "rss_mb": rss_mb(service.proc.pid)}
