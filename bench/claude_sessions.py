@@ -6,7 +6,8 @@ outputs) and the longest tau2-bench ones (tool calls and results), each turned i
 would send at every model call:
 - Claude-style (`/v1/messages`, bench/to_messages.py), shaped as Claude Code sends it (the messages first,
   then the system prompt and Claude Code's 16 tools), with the cache markers Claude Code sets: on the
-  system prompt, and on the last block of the newest message, so the marker moves every turn;
+  system prompt, and on the last block of the newest message, so the marker moves every turn; streamed,
+  as Claude Code asks every turn;
 - Codex-style (`/v1/responses`, bench/to_responses.py), shaped as Codex sends it with `store: false`: the
   whole history in `input`, its `prompt_cache_key` naming the conversation, streamed.
 
@@ -62,7 +63,7 @@ def claude_code_shaped(body: dict[str, Any], session: str) -> dict[str, Any]:
     return {"model": body["model"], "messages": body["messages"],
             **({"system": body["system"]} if "system" in body else {}),
             "tools": [*CLAUDE_CODE_TOOLS, *own], "metadata": {"user_id": f"user_{session}"},
-            "max_tokens": body["max_tokens"], "stream": False}
+            "max_tokens": body["max_tokens"], "stream": True}
 
 
 def session_requests(messages: list[dict[str, Any]], session: str = "0") -> list[bytes]:

@@ -1,5 +1,6 @@
-"""The Claude-style sessions of the overhead benchmark (bench/claude_sessions.py): one valid Messages request
-per model call, shaped as Claude Code sends it, with its cache markers, the newest one moving every turn."""
+"""The agent sessions of the overhead benchmark (bench/claude_sessions.py): one valid Messages request per
+model call, shaped as Claude Code sends it, with its cache markers, the newest one moving every turn; one
+valid Responses request per model call, shaped as Codex sends it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from pathlib import Path
 
 import orjson
 
-from bench.claude_sessions import claude_sessions, session_requests
+from bench import to_responses
+from bench.claude_sessions import claude_sessions, codex_requests, session_requests
 from bench.to_messages import breakpoints, violations
 
 CONVERSATION = [
@@ -33,6 +35,7 @@ def test_one_marked_request_per_model_call() -> None:
         assert breakpoints(body) == 2
     # Claude Code's shape: the messages first, then the system prompt and its tools, every turn the same.
     assert [list(body)[:4] for body in requests] == [["model", "messages", "system", "tools"]] * 3
+    assert all(body["stream"] is True for body in requests)  # (Claude Code streams every turn)
     assert [t["name"] for t in requests[0]["tools"]][-2:] == ["KillShell", "bash"]  # (its own last)
     assert len(requests[0]["tools"]) == 17 and requests[0]["tools"] == requests[2]["tools"]
     # The earlier turn's marked block is unmarked in the next request (the marker moved).
@@ -47,3 +50,21 @@ def test_sessions_come_half_from_each_source(tmp_path: Path) -> None:
         (tmp_path / name).write_bytes(b"\n".join(lines))
     sessions = claude_sessions(3, tmp_path)
     assert [len(s) for s in sessions] == [3, 2, 4]  # the longest of each first; the odd one to the first
+
+
+def test_one_codex_request_per_model_call() -> None:
+    requests = [orjson.loads(body) for body in codex_requests(CONVERSATION, "s1")]
+    assert len(requests) == 3
+    for body in requests:
+        assert to_responses.violations(body) == []
+        assert body["store"] is False and body["stream"] is True and body["prompt_cache_key"] == "codex-s1"
+        assert body["instructions"] == "You are an agent."
+    # The whole history resent, growing: each request's input starts with the one before it.
+    assert requests[2]["input"][:len(requests[1]["input"])] == requests[1]["input"]
+    assert [i["type"] for i in requests[1]["input"]] == ["message", "function_call", "function_call_output"]
+
+
+def test_codex_sessions_come_from_the_same_conversations(tmp_path: Path) -> None:
+    for name in ("miniswe_gemini3pro_swebv_dev.jsonl", "tau2bench_dev.jsonl"):
+        (tmp_path / name).write_bytes(orjson.dumps({"messages": CONVERSATION}))
+    assert [len(s) for s in claude_sessions(2, tmp_path, shape="codex")] == [3, 3]
