@@ -74,14 +74,27 @@ class _Body:
         return mine >= 0 and len(raw) - closing == len(self.raw) - mine and raw.endswith(self.raw[mine:])
 
     def resent_whole(self, raw: bytes) -> bool:
-        return _same_start(raw, self.raw, self.layout.ends[-1])
+        end = self.layout.ends[-1]
+        return self.shares_first(raw) and _same_before(raw, self.raw, end) and _same_start(raw, self.raw, end)
+
+    def shares_first(self, raw: bytes) -> bool:
+        """Whether `raw` could repeat this body's first element: the bytes just before its end are the same
+        (another session of the same agent parts in its first element, its task, mostly: its many
+        bodies are told apart by slicing a few bytes instead of a memcmp call each)."""
+        return _same_before(raw, self.raw, self.layout.ends[0])
 
     def reusable(self, raw: bytes) -> int:
         """How many leading elements `raw` repeats byte for byte (memcmp stops at the first difference:
         another session's body, which differs early, costs next to nothing). The search, for a body not
         resent whole (`resent_whole` tells that in one call; `_best` asks it first)."""
         ends, mine = self.layout.ends, self.raw
-        # The largest n with the first n elements repeated: galloping from the start first, so a body
+        # A session's next turn repeats all of this body or all but its last few elements (Anthropic clients
+        # move their cache marker every turn): tried first, largest first, each told by a few bytes before
+        # one memcmp of everything before it (a search would compare that many bytes a dozen times).
+        for count in range(len(ends), max(len(ends) - TAIL_EDITS - 1, 0), -1):
+            if _same_before(raw, mine, ends[count - 1]) and _same_start(raw, mine, ends[count - 1]):
+                return count
+        # Else the largest n with the first n elements repeated: galloping from the start first, so a body
         # that parts early (another session of the same agent: its task differs) costs a call or two.
         low, high, step = 0, len(ends), 1
         while low + step <= high:
@@ -117,6 +130,15 @@ def _libc_memcmp() -> Callable[[bytes, bytes, int], int] | None:
 
 
 _MEMCMP = _libc_memcmp()
+
+
+_WINDOW = 32  # bytes compared before a memcmp call (a call costs more than slicing them)
+
+
+def _same_before(raw: bytes, mine: bytes, end: int) -> bool:
+    """Whether the `_WINDOW` bytes before `end` are the same: a quick test that two bodies could share
+    everything before `end` (they differ there, mostly, when they do not)."""
+    return raw[end - _WINDOW:end] == mine[end - _WINDOW:end] if end >= _WINDOW else True
 
 
 def _same_start(raw: bytes, mine: bytes, size: int) -> bool:
@@ -165,7 +187,7 @@ class ResentBodies:
                 return candidate, len(candidate.layout.ends)
         best, reused = None, 0  # else (a session's first turn, an edited history) the longest shared part
         for candidate in reversed(candidates):
-            count = candidate.reusable(raw)
+            count = candidate.reusable(raw) if candidate.shares_first(raw) else 0
             if count > reused:
                 best, reused = candidate, count
                 if continues(count, len(candidate.layout.ends)):

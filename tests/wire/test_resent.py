@@ -343,6 +343,43 @@ def test_a_hundred_concurrent_sessions_of_one_agent_each_build_on_their_own_body
     assert searched == []
 
 
+def test_a_session_of_many_finds_its_own_body_in_one_pass_over_its_bytes(monkeypatch) -> None:
+    """A hundred Claude Code sessions of one agent: one group (their opening bytes are the same), their
+    tasks differ, the cache marker moves every turn (no body is resent whole). Each parse tells the others'
+    bodies apart by a few bytes, and compares its own session's bytes about once (not once a step of a
+    search for where they part)."""
+    cache = ResentBodies(min_bytes=0, group_prefix=1)
+    marked = {"cache_control": {"type": "ephemeral"}}
+    opening = "<system-reminder>the same reminder for every session</system-reminder>"
+
+    def text(role: str, words: str) -> dict[str, Any]:
+        return {"role": role, "content": [{"type": "text", "text": words}]}
+
+    histories = [[text("user", f"{opening} task {n}"),
+                  *(text("assistant" if k % 2 == 0 else "user", f"step {k}") for k in range(41))]
+                 for n in range(100)]
+
+    def sent(history: list[dict[str, Any]]) -> bytes:
+        last = {**history[-1], "content": [{**history[-1]["content"][0], **marked}]}
+        return orjson.dumps({"messages": [*history[:-1], last]})
+
+    for history in histories:
+        raw = sent(history)
+        cache.remember(raw, "messages", orjson.loads(raw))
+    compared = []
+    real = resent._same_start
+    monkeypatch.setattr(resent, "_same_start", lambda *args: compared.append(args[2]) or real(*args))
+    for turn in range(3):
+        for history in histories:
+            history += [text("assistant", f"answer {turn}"), text("user", f"go {turn}")]
+            compared.clear()
+            raw = sent(history)
+            got = cache.parse(raw, "messages")
+            assert got is not None and got.reused == len(history) - 3
+            cache.keep(got)
+            assert len(compared) <= 3 and sum(compared) <= 1.2 * len(raw)
+
+
 def test_a_session_that_edits_its_last_messages_every_turn_keeps_one_body_and_builds_on_it() -> None:
     """Anthropic clients move their cache marker to the newest message every turn, so each body repeats
     all but the last one or two of the previous one's: that is the session's next turn, which replaces
