@@ -142,7 +142,7 @@ def print_floor(result: dict[str, Any]) -> None:
 
 AGENT_SHAPES = {
     "claude": "Claude-style sessions on /v1/messages (bench/claude_sessions.py), shaped as Claude Code sends "
-              "them (its key order and tools), the cache marker moving every turn",
+              "them (its key order and tools), the cache marker moving every turn, streamed",
     "codex": "Codex-style sessions on /v1/responses (bench/claude_sessions.py), shaped as Codex sends them "
              "(store false: the whole history in input, streamed)"}
 
