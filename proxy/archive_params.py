@@ -65,30 +65,47 @@ def _holds_secrets(dumped: bytes) -> bool:
     return _without_secrets(value) is not value
 
 
+class _ByIdentity:
+    """What values were cleaned to, by identity (each value held, so its id stays its own), within a budget
+    of their serialized bytes (their parse holds 1-4 times that), the oldest leaving first."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes, self.size = budget_bytes, 0
+        self._entries: OrderedDict[int, tuple[Any, Any, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, value: Any) -> Any | None:
+        found = self._entries.get(id(value))
+        return found[1] if found is not None and found[0] is value else None
+
+    def put(self, value: Any, cleaned: Any, size: int) -> None:
+        with self._lock:
+            gone = self._entries.pop(id(value), None)
+            self._entries[id(value)] = (value, cleaned, size)
+            self.size += size - (gone[2] if gone is not None else 0)
+            while self.size > self.budget_bytes:
+                self.size -= self._entries.popitem(last=False)[1][2]
+
+
 # A resent body's large values (Claude Code's tools: ~15 KB a turn) are the earlier parse's very objects
 # (wire/resent.py): what they were cleaned to is remembered by identity, sparing their serialization.
-_SAME_OBJECT_BYTES = 4096  # values serializing to at least this many bytes are remembered
-_SAME_OBJECTS = 64
-_cleaned: OrderedDict[int, tuple[Any, Any]] = OrderedDict()  # id -> (the value, held; what it cleans to)
-_cleaned_lock = threading.Lock()
+_SAME_OBJECT_BYTES = 4096  # values serializing to at least this many bytes (up to _CACHE_JSON_BYTES)
+_CLEANED = _ByIdentity(2 * 1024 * 1024)
 
 
 def _clean(value: Any) -> Any:
     # Agents resend the same tools every turn: the verdict for identical JSON is remembered.
-    known = _cleaned.get(id(value))
-    if known is not None and known[0] is value:
-        return known[1]
+    known = _CLEANED.get(value)
+    if known is not None:
+        return known
     try:
         dumped = orjson.dumps(value)
     except TypeError:
         return _without_secrets(value)
-    cleaned = value if len(dumped) <= _CACHE_JSON_BYTES and not _holds_secrets(dumped) \
-        else _without_secrets(value)
-    if len(dumped) >= _SAME_OBJECT_BYTES:
-        with _cleaned_lock:
-            _cleaned[id(value)] = (value, cleaned)
-            while len(_cleaned) > _SAME_OBJECTS:
-                _cleaned.popitem(last=False)
+    size = len(dumped)
+    cleaned = value if size <= _CACHE_JSON_BYTES and not _holds_secrets(dumped) else _without_secrets(value)
+    if _SAME_OBJECT_BYTES <= size <= _CACHE_JSON_BYTES:
+        _CLEANED.put(value, cleaned, size)
     return cleaned
 
 

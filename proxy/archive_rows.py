@@ -25,6 +25,7 @@ CHAIN_CACHE_BYTES = 32 * 1024 * 1024  # default byte budget of the writer's last
 PARSED_PER_SERIALIZED = 2  # parsed messages / their JSON bytes: 1.2-3.8x on the shared traces, ~1.5 typical
 CHAIN_CACHE_SESSIONS = 2000  # and at most this many entries, however small
 PARAMS_SESSIONS = 2000  # sessions whose last request params (objects, bytes) and row id are remembered
+PARAMS_BYTES = 8 * 1024 * 1024  # and at most this many of their bytes (their objects hold 1-4 times that)
 ERROR_CHARS = 65536  # an error answer's text kept in exchanges.error
 _SEEN_LIMIT = 500_000
 
@@ -97,12 +98,14 @@ class RowWriter:
         self.pricing = pricing or Pricing()
         self.written: list[dict[str, Any]] = []  # exchange rows of the open transaction (no content)
         self._last_params: OrderedDict[tuple[str, str], tuple[dict[str, Any], bytes, str]] = OrderedDict()
+        self._last_params_bytes = 0
         self._statements: dict[tuple[str, str, tuple[str, ...]], str] = {}
 
     def forget(self) -> None:
         self._seen.clear()
         self.chains.clear()
         self._last_params.clear()
+        self._last_params_bytes = 0
         self.written.clear()
 
     def begin(self, items: list[ExchangeRecord | TableRow]) -> None:
@@ -160,6 +163,7 @@ class RowWriter:
         params, tenant = record.params, record.tenant
         key = (tenant, record.session_id)
         last = self._last_params.pop(key, None)
+        self._last_params_bytes -= len(last[1]) if last is not None else 0
         if last is not None and same_params(last[0], params):
             body, node = last[1], last[2]
         else:
@@ -170,8 +174,9 @@ class RowWriter:
                 "id": node, "tenant": record.tenant, "body": body.decode(), "created_at": record.created_at})
             self._remember(node)
         self._last_params[key] = (params, body, node)
-        if len(self._last_params) > PARAMS_SESSIONS:
-            self._last_params.popitem(last=False)
+        self._last_params_bytes += len(body)
+        while len(self._last_params) > PARAMS_SESSIONS or self._last_params_bytes > PARAMS_BYTES:
+            self._last_params_bytes -= len(self._last_params.popitem(last=False)[1][1])
         return node
 
     def _store_chain(self, messages: list[Any], record: ExchangeRecord, size: int,

@@ -22,7 +22,7 @@ import openai
 import orjson
 import pytest
 
-from proxy import archive_params
+from proxy import archive_params, archive_rows
 from proxy.archive import (
     ArchiveWriter,
     ExchangeRecord,
@@ -313,6 +313,18 @@ def test_the_very_same_large_params_value_is_cleaned_once(monkeypatch):
     assert request_params({"tools": tools})["tools"] is first
     with pytest.raises(AssertionError, match="serialized again"):
         request_params({"tools": [*tools]})
+
+
+def test_what_is_remembered_by_identity_stays_within_its_byte_budget():
+    remembered = archive_params._ByIdentity(100)
+    values = [[n] for n in range(4)]
+    for value in values[:3]:
+        remembered.put(value, ("cleaned", value), 40)
+    remembered.put(values[2], ("cleaned", values[2]), 40)  # (again: counted once)
+    assert remembered.size == 80 and remembered.get(values[0]) is None  # the oldest left
+    assert remembered.get(values[1]) == ("cleaned", values[1]) and remembered.get([1]) is None  # (identity)
+    remembered.put(values[3], "big", 90)
+    assert remembered.size == 90 and remembered.get(values[2]) is None and remembered.get(values[3]) == "big"
 
 
 @BOTH_BACKENDS
@@ -669,9 +681,15 @@ def test_kill_9_loses_no_answered_exchange(tmp_path, upstream_server, fake_upstr
     assert not list((db.parent / "spool").glob("*.log"))
 
 
-def test_a_sessions_request_params_are_stored_once_per_tenant_and_read_back_with_each_exchange(archive):
+@pytest.mark.parametrize("remembered", [True, False], ids=["remembered", "nothing-remembered"])
+def test_a_sessions_request_params_are_stored_once_per_tenant_and_read_back_with_each_exchange(
+        archive, monkeypatch, remembered):
     """Agents resend the same tools every turn (Claude Code ~15 KB): one `request_params` row per distinct
-    params and tenant, each exchange naming it; an exchange archived before that table still reads."""
+    params and tenant, each exchange naming it, whether the writer remembers a session's last params (the
+    very objects, or the same bytes) or its budget for them holds nothing; an exchange archived before
+    that table still reads."""
+    if not remembered:
+        monkeypatch.setattr(archive_rows, "PARAMS_BYTES", 0)
     tools = [{"name": f"tool{n}", "input_schema": {"type": "object", "properties": {"x": {"type": "string"}}}}
              for n in range(20)]
     items = [record(n) for n in range(4)] + [record(4, tenant="other"), record(5)]
