@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 CHAIN_CACHE_BYTES = 32 * 1024 * 1024  # default byte budget of the writer's last-chain-per-session cache
 PARSED_PER_SERIALIZED = 2  # parsed messages / their JSON bytes: 1.2-3.8x on the shared traces, ~1.5 typical
 CHAIN_CACHE_SESSIONS = 2000  # and at most this many entries, however small
-PARAMS_SESSIONS = 2000  # sessions whose last request params (objects, bytes) and row id are remembered
-PARAMS_BYTES = 8 * 1024 * 1024  # and at most this many of their bytes (their objects hold 1-4 times that)
+PARAMS_SESSIONS = 2000  # sessions whose last request params (the objects) and their row id are remembered
+PARAMS_BYTES = 8 * 1024 * 1024  # and about this many bytes of them as objects (ChainCache: twice their JSON)
 ERROR_CHARS = 65536  # an error answer's text kept in exchanges.error
 _SEEN_LIMIT = 500_000
 
@@ -37,7 +37,8 @@ ChainKey = tuple[str, str, str]  # tenant, session id, "request" | "forwarded"
 
 
 class ChainCache:
-    """Per (tenant, session, kind): the message list last stored and its ids, least recently used first.
+    """Per (tenant, session, kind): the message list last stored and its ids (or, kind "params", a request's
+    params and their row id), least recently used first.
 
     Sizes are estimates given by the caller (the writer uses the serialized item's length); the sum stays
     at most `budget_bytes`, and an entry larger than the whole budget is not kept at all."""
@@ -97,15 +98,13 @@ class RowWriter:
         self.stale = False  # replaying set-aside records: never overwrite a row written since
         self.pricing = pricing or Pricing()
         self.written: list[dict[str, Any]] = []  # exchange rows of the open transaction (no content)
-        self._last_params: OrderedDict[tuple[str, str], tuple[dict[str, Any], bytes, str]] = OrderedDict()
-        self._last_params_bytes = 0
+        self.last_params = ChainCache(PARAMS_BYTES, PARAMS_SESSIONS)
         self._statements: dict[tuple[str, str, tuple[str, ...]], str] = {}
 
     def forget(self) -> None:
         self._seen.clear()
         self.chains.clear()
-        self._last_params.clear()
-        self._last_params_bytes = 0
+        self.last_params.clear()
         self.written.clear()
 
     def begin(self, items: list[ExchangeRecord | TableRow]) -> None:
@@ -159,24 +158,22 @@ class RowWriter:
 
     def _params_id(self, record: ExchangeRecord) -> str:
         """The `request_params` row of the record's params, written when new: a session sends the same
-        ones every turn (the very objects as last time spare serializing them, the same bytes the hash)."""
+        ones every turn (the very objects as last time: neither serialized nor hashed again)."""
         params, tenant = record.params, record.tenant
-        key = (tenant, record.session_id)
-        last = self._last_params.pop(key, None)
-        self._last_params_bytes -= len(last[1]) if last is not None else 0
-        if last is not None and same_params(last[0], params):
-            body, node = last[1], last[2]
+        key = (tenant, record.session_id, "params")
+        last, ids = self.last_params.get(key)
+        body = None
+        if last and same_params(last[0], params):
+            node = ids[0]
         else:
             body = dumps(params)
-            node = last[2] if last is not None and last[1] == body else message_id(f"params:{tenant}", body)
+            node = message_id(f"params:{tenant}", body)
+            self.last_params.put(key, [params], [node], len(body))
         if node not in self._seen:
             self._row("INSERT OR IGNORE", "request_params", {
-                "id": node, "tenant": record.tenant, "body": body.decode(), "created_at": record.created_at})
+                "id": node, "tenant": tenant, "body": (body or dumps(params)).decode(),
+                "created_at": record.created_at})
             self._remember(node)
-        self._last_params[key] = (params, body, node)
-        self._last_params_bytes += len(body)
-        while len(self._last_params) > PARAMS_SESSIONS or self._last_params_bytes > PARAMS_BYTES:
-            self._last_params_bytes -= len(self._last_params.popitem(last=False)[1][1])
         return node
 
     def _store_chain(self, messages: list[Any], record: ExchangeRecord, size: int,

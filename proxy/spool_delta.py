@@ -44,9 +44,9 @@ class _Base:
     __slots__ = ("epoch", "forwarded", "index", "params", "request", "root_bytes", "used")
 
     def __init__(self, epoch: int, index: int, record: ExchangeRecord, root_bytes: int, used: float) -> None:
-        self.epoch, self.index, self.request, self.forwarded = epoch, index, record.request_messages, \
-            record.forwarded_messages
-        self.params = record.params
+        self.epoch, self.index = epoch, index
+        self.request, self.forwarded, self.params = record.request_messages, record.forwarded_messages, \
+            record.params
         self.root_bytes = root_bytes  # the whole record its chain of relative records starts from
         self.used = used
 

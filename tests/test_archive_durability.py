@@ -327,6 +327,25 @@ def test_what_is_remembered_by_identity_stays_within_its_byte_budget():
     assert remembered.size == 90 and remembered.get(values[2]) is None and remembered.get(values[3]) == "big"
 
 
+def test_a_sessions_very_same_params_are_neither_serialized_nor_hashed_again(monkeypatch):
+    conn = sqlite3.connect(":memory:")
+    conn.execute("create table request_params (id text primary key, tenant text, body text, created_at text)")
+    writer = archive_rows.RowWriter(conn)
+    tools = [{"name": f"tool{n}"} for n in range(5)]
+    first = record(0)
+    first.params = {"tools": tools, "max_tokens": 1024}
+    node = writer._params_id(first)
+    serialized = []
+    monkeypatch.setattr(archive_rows, "dumps", lambda value: serialized.append(value) or orjson.dumps(value))
+    again = record(1)
+    again.params = {"tools": tools, "max_tokens": 1024}  # (a new dict, the same objects)
+    assert writer._params_id(again) == node and serialized == []
+    other = record(2)
+    other.params = {"tools": [dict(t) for t in tools], "max_tokens": 1024}  # (equal, other objects)
+    assert writer._params_id(other) == node and len(serialized) == 1
+    assert conn.execute("select count(*) from request_params").fetchone()[0] == 1
+
+
 @BOTH_BACKENDS
 def test_wrong_shaped_answers_through_the_server_are_archived(proxy, fake_upstream):
     bodies = [b"not json at all", b"[1,2,3]", b'{"choices":[null]}', b'{"choices":[{"message":7}]}',

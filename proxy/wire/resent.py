@@ -74,8 +74,13 @@ class _Body:
         return mine >= 0 and len(raw) - closing == len(self.raw) - mine and raw.endswith(self.raw[mine:])
 
     def resent_whole(self, raw: bytes) -> bool:
-        end = self.layout.ends[-1]
-        return self.shares_first(raw) and _same_before(raw, self.raw, end) and _same_start(raw, self.raw, end)
+        return self.shares_first(raw) and self._repeats(raw, len(self.layout.ends))
+
+    def _repeats(self, raw: bytes, count: int) -> bool:
+        """Whether `raw` repeats this body's first `count` elements: told by a few bytes before their end,
+        then one memcmp of everything before it."""
+        end = self.layout.ends[count - 1]
+        return _same_before(raw, self.raw, end) and _same_start(raw, self.raw, end)
 
     def shares_first(self, raw: bytes) -> bool:
         """Whether `raw` could repeat this body's first element: the bytes just before its end are the same
@@ -92,7 +97,7 @@ class _Body:
         # move their cache marker every turn): tried first, largest first, each told by a few bytes before
         # one memcmp of everything before it (a search would compare that many bytes a dozen times).
         for count in range(len(ends), max(len(ends) - TAIL_EDITS - 1, 0), -1):
-            if _same_before(raw, mine, ends[count - 1]) and _same_start(raw, mine, ends[count - 1]):
+            if self._repeats(raw, count):
                 return count
         # Else the largest n with the first n elements repeated: galloping from the start first, so a body
         # that parts early (another session of the same agent: its task differs) costs a call or two.
