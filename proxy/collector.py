@@ -21,8 +21,10 @@ from prometheus_client import Histogram
 
 
 def settle() -> None:
-    """Once start-up is done (process-wide: only the server calls it, never a library user)."""
-    gc.collect()
+    """Once start-up is done (process-wide: only the server calls it, never a library user). Only the young
+    generations are collected first: start-up leaves next to no garbage (10 unreachable objects of ~69k
+    measured), and a full collection to find them cost 70-80 ms of the start before the first answer."""
+    gc.collect(1)
     gc.freeze()
 
 

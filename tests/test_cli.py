@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import subprocess
 import sys
 
@@ -51,3 +52,5 @@ def test_version(capsys):
                           timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == f"ctxproxy {version()}"
     assert version().count(".") >= 1
+    # The installed distribution's version is this one (pyproject.toml reads it from proxy/__init__.py).
+    assert importlib.metadata.version("ctxproxy") == version()
