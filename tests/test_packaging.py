@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import proxy
 from proxy.cli import main
 from proxy.config import load_config
 from proxy.policy import PolicyStore
@@ -91,9 +92,12 @@ def test_installed_package_finds_its_own_policies_without_the_checkout(installed
 
 
 def test_installed_version_and_init(installed, tmp_path):
-    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    # One version, proxy/__init__.py's: pyproject.toml reads it there, the distribution's metadata says it
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dynamic"] == ["version"]
     done = run(installed, "-m", "proxy", "--version", cwd=tmp_path)
-    assert (done.returncode, done.stdout.strip()) == (0, f"ctxproxy {version}")
+    assert (done.returncode, done.stdout.strip()) == (0, f"ctxproxy {proxy.__version__}")
+    done = run(installed, "-c", "import importlib.metadata as m; print(m.version('ctxproxy'))", cwd=tmp_path)
+    assert (done.returncode, done.stdout.strip()) == (0, proxy.__version__)
 
     done = run(installed, "-m", "proxy", "init", "site-config", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
