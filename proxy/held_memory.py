@@ -28,5 +28,42 @@ def held_bytes(value: Any) -> int:
     return size
 
 
+def reachable_ids(values: Iterable[Any]) -> set[int]:
+    """The ids of every object `values` hold (through dicts, lists and tuples)."""
+    seen: set[int] = set()
+    pending = list(values)
+    pop, push, add = pending.pop, pending.extend, seen.add
+    while pending:
+        item = pop()
+        add(id(item))
+        kind = type(item)
+        if kind is dict:
+            push(item.values())
+        elif kind is list or kind is tuple:
+            push(item)
+    return seen
+
+
+def held_beyond(value: Any, shared: set[int]) -> int:
+    """What `value` holds besides the objects in `shared` (`reachable_ids` of others it was made from: a
+    decoded message holds its native message's texts and blocks, mostly, and new containers around them)."""
+    size, pending = 0, [value]
+    pop, push, getsizeof = pending.pop, pending.extend, sys.getsizeof
+    while pending:
+        item = pop()
+        if id(item) in shared:
+            continue
+        size += getsizeof(item)
+        kind = type(item)
+        if kind is dict:
+            push(item.values())
+            for key in item:
+                if len(key) > SHARED_KEY:
+                    size += getsizeof(key)
+        elif kind is list or kind is tuple:
+            push(item)
+    return size
+
+
 def held_total(values: Iterable[Any]) -> int:
     return sum(map(held_bytes, values))

@@ -7,13 +7,20 @@ but finding them message by message is still a walk over the whole history in Py
 (~3 µs a message). What the earlier body decoded to is kept beside its spans (wire/splice.py); a body that
 shares its first `shared` messages takes their neutral messages and origins as slices (copied in C) and
 decodes only the rest.
+
+What a prefix holds is counted in the resent bodies' budget with its body: its lists, and what each neutral
+message and its origin hold besides the native messages' own objects (counted with the body), measured once,
+when it is decoded, and carried with it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+import sys
+from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.held_memory import held_beyond, reachable_ids
 from proxy.wire import Message
 from proxy.wire.splice import Spans
 
@@ -28,6 +35,13 @@ class DecodedPrefix:
     # shared (None: always at k + 1; else at the start of the run still open at k)
     ends: list[int]
     resume: list[int] | None = None
+    # held[i]: what the first i + 1 neutral messages and their origins hold (see above), a running total
+    held: list[int] = field(default_factory=list, compare=False, repr=False)
+
+    @property
+    def held_bytes(self) -> int:
+        lists = (self.neutral, self.origins, self.ends, self.held) + ((self.resume,) if self.resume else ())
+        return sum(map(sys.getsizeof, lists)) + (self.held[-1] if self.held else 0)
 
     def taken(self, shared: int) -> tuple[int, list[Message], list[Any], list[int], list[int] | None]:
         """For a body sharing the first `shared` natives: where its decoding goes on, the neutral messages
@@ -36,6 +50,25 @@ class DecodedPrefix:
         end = self.ends[shared - 1]
         return (go_on, self.neutral[:end], self.origins[:end], self.ends[:go_on],
                 None if self.resume is None else self.resume[:go_on])
+
+
+def decoded_prefix(start: int, neutral: list[Message], origins: list[Any], ends: list[int],
+                   resume: list[int] | None, earlier: tuple[DecodedPrefix, int] | None,
+                   natives: list[Any]) -> DecodedPrefix:
+    """A body's prefix, made of what it took from `earlier` (None: nothing) and the messages it decoded
+    after that from `natives`: only those are measured."""
+    taken = earlier[0].ends[earlier[1] - 1] if earlier is not None else 0
+    held = earlier[0].held[:taken] if earlier is not None else []
+    if len(held) < taken:  # (an earlier prefix made without its counts: everything is measured)
+        held, taken = [], 0
+    base = held[-1] if held else 0
+    shared = reachable_ids(natives)
+    # (an origin is counted as the tuple of its fields: the size of its slots, and what they hold)
+    new = (held_beyond(message, shared) + held_beyond(tuple(map(origin.__getattribute__, origin.__slots__)),
+                                                      shared)
+           for message, origin in zip(neutral[taken:], origins[taken:], strict=True))
+    held.extend(base + total for total in itertools.accumulate(new))
+    return DecodedPrefix(start, neutral, origins, ends, resume, held)
 
 
 def earlier_prefix(spans: Spans | None) -> tuple[DecodedPrefix, int] | None:

@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from proxy.wire import Decoded, Message
-from proxy.wire.decoded_prefix import DecodedPrefix, earlier_prefix
+from proxy.wire.decoded_prefix import DecodedPrefix, decoded_prefix, earlier_prefix
 from proxy.wire.messages_blocks import (
     UNCACHEABLE,
     block_text,
@@ -52,7 +52,7 @@ MAX_BREAKPOINTS = 4
 SYSTEM = -1  # the `k` of the system prompt's neutral message
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Origin:
     """Where a neutral message lives: native message `native` (number `k` in order), these blocks
     (None: the message's whole string content)."""
@@ -119,7 +119,9 @@ class Encoder:
             ends.append(len(out) - natives_from)
         if self.spans is not None:  # for the next body that resends these messages
             made = [*origins, *(self.origins[id(m)] for m in out[made_from:])]
-            self.spans.derive(DecodedPrefix(self.start, out[natives_from:], made, ends))
+            prefix = decoded_prefix(self.start, out[natives_from:], made, ends, None, earlier,
+                                    messages[first:])
+            self.spans.derive(prefix, prefix.held_bytes)
         return out
 
     def _decoded(self, k: int, native: Any, cache: NeutralCache | None) -> list[Message]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import itertools
 import operator
 import threading
@@ -66,6 +67,7 @@ class _Body:
         # What remembering it holds: its bytes and its parse (1.1 to 4 times the bytes in ../shared/traces:
         # counting the bytes alone let the cache hold several times its budget).
         self.cost = len(raw) + keys_held + (layout.held[-1] if layout.held else 0)
+        self.derived_cost = 0  # of it: what a codec made of it holds (wire/decoded_prefix.py)
 
     def same_after(self, raw: bytes, closing: int) -> bool:
         """Whether `raw` past its array's `]` (at `closing`) is this body's past its own, byte for byte: the
@@ -248,10 +250,27 @@ class ResentBodies:
             layout.head = {k: body[k] for k in layout.head}  # the body's own objects, as for messages
             layout.held = list(itertools.accumulate(map(held_bytes, body[key])))
             entry = _Body(raw, body, layout, _keys_held(body, key))
-            entry.spans = Spans(raw, layout.opening, layout.ends)
+            entry.spans = self.spans_of(entry, Spans(raw, layout.opening, layout.ends))
             self._keep((scope, key, raw[:self.group_prefix]), entry)
             return entry.spans
         return None
+
+    def spans_of(self, entry: _Body, spans: Spans) -> Spans:
+        """`entry`'s spans, charging what a codec derives from them to its cost while it is remembered."""
+        spans.charge = functools.partial(self._charge, id(entry))  # (no cycle: the entry is found by id)
+        return spans
+
+    def _charge(self, entry_id: int, spans: Spans, held: int) -> None:
+        with self._lock:
+            found = self._order.get(entry_id)
+            if found is None or found[1].spans is not spans:
+                return  # (dropped already: nothing of it is held here)
+            entry = found[1]
+            self._bytes += held - entry.derived_cost
+            entry.cost += held - entry.derived_cost
+            entry.derived_cost = held
+            while self._bytes > self.limit_bytes and self._order:
+                self._drop(next(iter(self._order)))
 
     def _keep(self, group: Group, entry: _Body, replacing: _Body | None = None) -> None:
         with self._lock:
@@ -359,6 +378,7 @@ def remember_checked(raw: bytes, key: str, body: dict[str, Any], resent: Resent 
     entry = resent.entry
     if entry is not None:  # its first `reused` elements: the earlier body's, in the same places
         layout = entry.layout
-        entry.spans = Spans(raw, layout.opening, layout.ends, resent.source.spans, resent.reused)
+        entry.spans = BODIES.spans_of(entry, Spans(raw, layout.opening, layout.ends, resent.source.spans,
+                                                   resent.reused))
     BODIES.keep(resent)
     return None if entry is None else entry.spans

@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from proxy.wire import Decoded, Message
-from proxy.wire.decoded_prefix import DecodedPrefix, earlier_prefix
+from proxy.wire.decoded_prefix import DecodedPrefix, decoded_prefix, earlier_prefix
 from proxy.wire.neutral_cache import NEUTRAL, NeutralCache
 from proxy.wire.resent import MIN_BYTES
 from proxy.wire.responses_check import validate_responses_request
@@ -33,7 +33,7 @@ INSTRUCTIONS = -1
 USER_SIDE_MESSAGE_ROLES = ("user", "system", "developer")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Origin:
     k: int  # the first item's index (INSTRUCTIONS for the instructions)
     items: tuple[int, ...]
@@ -160,7 +160,9 @@ class Encoder:
             out.append(self._decoded(run, cache))
         if self.spans is not None:  # for the next body that resends these items
             kept = [*origins, *(self.origins[id(m)] for m in out[made_from:])]
-            self.spans.derive(DecodedPrefix(self.start, out[natives_from:], kept, ends, resume))
+            prefix = decoded_prefix(self.start, out[natives_from:], kept, ends, resume, earlier,
+                                    self.items[first:])
+            self.spans.derive(prefix, prefix.held_bytes)
         return out
 
     def _decoded(self, indexes: list[int], cache: NeutralCache | None) -> Message:

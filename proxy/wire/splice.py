@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -32,13 +33,15 @@ class Spans:
     element's place extends that body's index instead of building one (~0.2 ms per 1,000 messages).
     `derived`: what a codec made of these elements (wire/decoded_prefix.py), for a later body sharing them."""
 
-    __slots__ = ("_base", "_earlier", "_index", "derived", "ends", "opening", "raw")
+    __slots__ = ("_base", "_earlier", "_index", "charge", "derived", "ends", "opening", "raw")
 
     def __init__(self, raw: bytes, opening: int, ends: list[int], base: Spans | None = None,
                  shared: int = 0) -> None:
         self.raw, self.opening, self.ends = raw, opening, ends
         self._index: dict[int, int] | None = None
         self.derived: Any = None
+        # told what a derivation holds (the resent bodies' budget counts it with the body these spans are of)
+        self.charge: Callable[[Spans, int], None] | None = None
         # (only an index or a derivation already made is kept: no chain of earlier bodies is held)
         self._base = (base._index, shared) if base is not None and base._index is not None else None
         self._earlier = (base.derived, shared) if base is not None and base.derived is not None else None
@@ -48,9 +51,12 @@ class Spans:
         are this body's very objects (None: no earlier body, or nothing made of it)."""
         return self._earlier
 
-    def derive(self, made: Any) -> None:
-        """Keep what a codec made of these elements (and let go of the earlier body's)."""
+    def derive(self, made: Any, held: int = 0) -> None:
+        """Keep what a codec made of these elements (and let go of the earlier body's); `held`: the memory
+        it holds beyond these elements' own objects."""
         self.derived, self._earlier = made, None
+        if self.charge is not None:
+            self.charge(self, held)
 
     def index_of(self, parsed: list[Any]) -> dict[int, int]:
         """id(element) -> its place, for `parsed` (the array these spans locate). Stale entries (an earlier

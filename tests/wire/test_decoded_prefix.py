@@ -4,6 +4,8 @@ the same neutral conversation, the same origins, the same bytes encoded back."""
 
 from __future__ import annotations
 
+import gc
+import tracemalloc
 from typing import Any
 
 import orjson
@@ -205,3 +207,43 @@ def test_only_the_new_items_are_decoded(monkeypatch: pytest.MonkeyPatch) -> None
     RESPONSES.decode(responses_bytes([*items, *items_of(3, "call"), *items_of(4, "call")]))
 
     assert seen == [[13, 14], [15]]  # the new run (reasoning, call) and its output
+
+
+def _chatty_turn(session: int, n: int) -> list[dict[str, Any]]:
+    """A step whose messages are many small blocks: what they decode to is mostly containers."""
+    calls = [{"type": "tool_use", "id": f"toolu_{session}_{n}_{k}", "name": "read", "input": {"k": k}}
+             for k in range(6)]
+    results = [{"type": "tool_result", "tool_use_id": f"toolu_{session}_{n}_{k}", "content": f"r{k}"}
+               for k in range(6)]
+    return [{"role": "assistant", "content": calls}, {"role": "user", "content": results}]
+
+
+def test_what_the_decoded_prefixes_hold_is_counted_in_the_resent_budget(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A body's decoded prefix is counted with the body in the resent cache's budget: what dropping every
+    prefix frees (measured by tracemalloc, with the neutral-message cache cleared so that only the prefixes
+    hold those messages) is what was counted for them, or a little less (the codec's constant strings, a
+    role or a call's type, are counted with each message)."""
+    monkeypatch.setattr(BODIES, "limit_bytes", 2 * 1024 * 1024)
+    tracemalloc.start()
+    try:
+        for session in range(40):
+            messages = opening(f"s{session}")[:1]
+            messages[0]["content"] = f"Task {session}: " + "context " * 600
+            for n in range(12):
+                messages = [*messages, *_chatty_turn(session, n)]
+                MESSAGES.decode(body_bytes(messages, marked=True))
+        NEUTRAL.clear()
+        gc.collect()
+        entries = [entry for _, entry in BODIES._order.values()]
+        counted = sum(entry.derived_cost for entry in entries)
+        assert BODIES.held_bytes == sum(entry.cost for entry in entries) <= BODIES.limit_bytes
+        before = tracemalloc.get_traced_memory()[0]
+        for entry in entries:
+            entry.spans.derived = None
+        gc.collect()
+        freed = before - tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert len(entries) >= 8 and counted > 0
+    assert freed <= counted <= 1.2 * freed, (freed, counted)
