@@ -109,14 +109,16 @@ class MessagesRound:
     def feed(self, event: bytes) -> bytes | None:
         """What one upstream event (without its blank line) becomes for the client: itself, a renumbered
         copy, or None (held or dropped)."""
-        data = event_data(event)
+        return self.feed_fields(event, event_name(event), event_data(event))
+
+    def feed_fields(self, event: bytes, name: str | None, data: bytes | None) -> bytes | None:
+        """`feed`, the event's name and data already read from it (`event_name`, `event_data`)."""
         if data is None:
             return event + END  # comments, keep-alives
         try:
             obj = orjson.loads(data)
         except orjson.JSONDecodeError:
             return self._bad(event, f"data is not JSON: {data[:120]!r}")
-        name = event_name(event)
         if not isinstance(obj, dict):
             return self._bad(event, f"a JSON {type(obj).__name__}, not an object: {data[:120]!r}")
         kind = obj["type"] if isinstance(obj.get("type"), str) else name
