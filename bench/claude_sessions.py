@@ -14,7 +14,9 @@ would send at every model call:
 Measured interleaved: every server is up at once and each request goes to each of them in turn (the order
 rotating), `concurrency` sessions at a time, so a change in the machine's speed during the run moves every
 server alike (measured one after another, the same pair's ratio swung from 1.4 to 2.7 here). CPU per
-request is each server's own (/proc) over the whole run.
+request is each server's own (/proc) over the whole run, after one warm-up request of the same shape each
+(as the other scenarios warm up): what a server does once in its life (ctxproxy builds Claude's tokenizer
+at its first Claude request, 0.1-0.3 s) is its start's, not every request's.
 """
 
 from __future__ import annotations
@@ -153,10 +155,15 @@ def measure(starters: dict[str, Callable[[], Any]], started: list[Any], sessions
         started.append(services[name])
     print(f"... {shape}-style sessions: {', '.join(services)} interleaved, {sessions} sessions on {path}",
           file=sys.stderr)
+    urls = [s.base + path for s in services.values()]
+    greeting = [{"role": "user", "content": "Warm up."}, {"role": "assistant", "content": "Ok."}]
+    warm_up = SHAPES[shape][2](greeting, "warm-up")
+    _, failed, first_error = asyncio.run(run_sessions(urls, headers, [warm_up], 1))
+    if any(failed):
+        raise RuntimeError(f"the warm-up request failed: {first_error}")
     cpu_before = {name: settled_cpu_seconds(s.proc.pid) for name, s in services.items()}
     began = time.perf_counter()
-    took, errors, first_error = asyncio.run(run_sessions([s.base + path for s in services.values()], headers,
-                                                         requests, concurrency))
+    took, errors, first_error = asyncio.run(run_sessions(urls, headers, requests, concurrency))
     seconds = time.perf_counter() - began
     for (name, service), times, failed, error in zip(services.items(), took, errors, first_error,
                                                      strict=True):

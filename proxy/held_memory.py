@@ -44,25 +44,30 @@ def reachable_ids(values: Iterable[Any]) -> set[int]:
     return seen
 
 
-def held_beyond(value: Any, shared: set[int]) -> int:
-    """What `value` holds besides the objects in `shared` (`reachable_ids` of others it was made from: a
-    decoded message holds its native message's texts and blocks, mostly, and new containers around them)."""
-    size, pending = 0, [value]
-    pop, push, getsizeof = pending.pop, pending.extend, sys.getsizeof
-    while pending:
-        item = pop()
-        if id(item) in shared:
-            continue
-        size += getsizeof(item)
-        kind = type(item)
-        if kind is dict:
-            push(item.values())
-            for key in item:
-                if len(key) > SHARED_KEY:
-                    size += getsizeof(key)
-        elif kind is list or kind is tuple:
-            push(item)
-    return size
+def held_beyond(values: Iterable[Any], shared: set[int]) -> list[int]:
+    """What each of `values` holds besides the objects in `shared` (`reachable_ids` of others they were
+    made from: a decoded message holds its native message's texts and blocks, mostly, and new containers
+    around them)."""
+    sizes = []
+    getsizeof = sys.getsizeof
+    for value in values:
+        size, pending = 0, [value]
+        pop, push = pending.pop, pending.extend
+        while pending:
+            item = pop()
+            if id(item) in shared:
+                continue
+            size += getsizeof(item)
+            kind = type(item)
+            if kind is dict:
+                push(item.values())
+                for key in item:
+                    if len(key) > SHARED_KEY:
+                        size += getsizeof(key)
+            elif kind is list or kind is tuple:
+                push(item)
+        sizes.append(size)
+    return sizes
 
 
 def held_total(values: Iterable[Any]) -> int:

@@ -62,12 +62,11 @@ def decoded_prefix(start: int, neutral: list[Message], origins: list[Any], ends:
     if len(held) < taken:  # (an earlier prefix made without its counts: everything is measured)
         held, taken = [], 0
     base = held[-1] if held else 0
-    shared = reachable_ids(natives)
-    # (an origin is counted as the tuple of its fields: the size of its slots, and what they hold)
-    new = (held_beyond(message, shared) + held_beyond(tuple(map(origin.__getattribute__, origin.__slots__)),
-                                                      shared)
-           for message, origin in zip(neutral[taken:], origins[taken:], strict=True))
-    held.extend(base + total for total in itertools.accumulate(new))
+    # (each message with its origin, counted as a tuple of the message and the origin's fields: about the
+    # size of its slots, and what they hold)
+    made = [(message, *map(origin.__getattribute__, origin.__slots__))
+            for message, origin in zip(neutral[taken:], origins[taken:], strict=True)]
+    held.extend(base + total for total in itertools.accumulate(held_beyond(made, reachable_ids(natives))))
     return DecodedPrefix(start, neutral, origins, ends, resume, held)
 
 
