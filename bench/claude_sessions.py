@@ -147,7 +147,8 @@ def measure(starters: dict[str, Callable[[], Any]], started: list[Any], sessions
     path, headers, _ = SHAPES[shape]
     requests = claude_sessions(sessions, shape=shape)
     found: dict[str, Any] = {"sessions": sessions, "concurrency": concurrency, "shape": shape, "path": path,
-                             "interleaved": True, "requests_per_run": sum(map(len, requests)),
+                             "interleaved": True, "warmed_up": True,
+                             "requests_per_run": sum(map(len, requests)),
                              "mb_sent": sum(map(len, (b for s in requests for b in s))) / 1e6}
     services = {}
     for name, start in starters.items():

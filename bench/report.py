@@ -152,8 +152,9 @@ def print_claude_sessions(found: dict[str, Any] | None) -> None:
         return
     how = "measured interleaved (each request to every server in turn)" if found.get("interleaved") \
         else "each server in turn"
+    fresh = "each server fresh" + (" and warmed up by one request" if found.get("warmed_up") else "")
     print(f"\n{AGENT_SHAPES[found.get('shape', 'claude')]}: {found['sessions']} real sessions, "
-          f"{found['concurrency']} at a time, each server fresh, {how}; {found['requests_per_run']} "
+          f"{found['concurrency']} at a time, {fresh}, {how}; {found['requests_per_run']} "
           f"requests, {found['mb_sent']:.0f} MB:\n")
     servers = [name for name in found if isinstance(found[name], dict)]
     floor = found.get("bare forwarder") or {}
