@@ -48,7 +48,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     policies_dir=store.folder)
     # (ws="none": no route speaks WebSocket, so its protocol module is not imported at start)
     uvicorn.run(app, host=host, port=port, log_level=config.server.log_level, loop="uvloop", ws="none",
-                http="httptools", access_log=False, timeout_graceful_shutdown=30, log_config=log_config)
+                http="httptools", access_log=False, timeout_graceful_shutdown=30, log_config=log_config,
+                timeout_keep_alive=config.server.keep_alive_s)
     return 0
 
 

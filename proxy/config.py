@@ -27,6 +27,10 @@ class ServerConfig(_Strict):
     # Policy files and pins changed outside this process (an edit, `ctxproxy pin add`, another replica) are
     # seen within this many seconds: a stat and a query a second, not a request (0: on every request).
     reload_check_s: float = Field(1.0, ge=0)
+    # An idle client connection is kept open this long: longer than clients keep theirs (httpx 5 s, Node 4 s,
+    # reqwest 90 s), so the client closes it first. One the server closes just as the client sends on it
+    # fails that request (uvicorn's 5 s is httpx's too: a reset now and then, retried or not by the SDK).
+    keep_alive_s: int = Field(120, gt=0)
     log_level: str = "info"
     log_format: Literal["text", "json"] = "text"  # json: one object a line, for log collectors
 

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import importlib.metadata
+import signal
+import socket
 import subprocess
 import sys
+import time
 
 import orjson
 import pytest
+import yaml
 
 from proxy.cli import main, version
+from proxy.config import ServerConfig
 
 
 def test_sessions_show_and_search(proxy, fake_upstream, capsys):
@@ -54,3 +59,49 @@ def test_version(capsys):
     assert version().count(".") >= 1
     # The installed distribution's version is this one (pyproject.toml reads it from proxy/__init__.py).
     assert importlib.metadata.version("ctxproxy") == version()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_serve_keeps_an_idle_client_connection_for_keep_alive_s(tmp_path):
+    """An idle client connection stays open `server.keep_alive_s`, then the server closes it. By default
+    longer than clients keep theirs idle (reqwest, Codex's, 90 s), so the client closes first."""
+    assert ServerConfig().keep_alive_s > 90
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"server": {"keep_alive_s": 1},
+                                      "upstream": {"base_url": "http://127.0.0.1:9/v1"},
+                                      "data_dir": str(tmp_path / "data"),
+                                      "policies_dir": str(tmp_path / "policies")}))
+    (tmp_path / "policies").mkdir()
+    port = _free_port()
+    argv = [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", str(port)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    try:
+        for line in proc.stderr:
+            if "Uvicorn running on" in line:  # (bound: the app started before)
+                break
+        else:
+            pytest.fail("the server ended before it started")
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as client:
+            client.sendall(b"GET /healthz HTTP/1.1\r\nHost: proxy\r\n\r\n")
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                answer += client.recv(4096)
+            head, body = answer.split(b"\r\n\r\n", 1)
+            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length")))
+            while len(body) < length:
+                body += client.recv(4096)
+            assert head.startswith(b"HTTP/1.1 200")
+            idle = time.monotonic()
+            closed = client.recv(1)  # returns when the server closes the idle connection
+            waited = time.monotonic() - idle
+        assert closed == b"" and 0.9 <= waited < 4, waited  # (uvicorn's own default is 5 s)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
