@@ -1,4 +1,5 @@
-"""`ctxproxy sessions|show|search` over a real archive written by the running proxy."""
+"""The `ctxproxy` command: `sessions|show|search` over a real archive written by the running proxy, its
+version, and how `serve` keeps client connections."""
 
 from __future__ import annotations
 
