@@ -1,12 +1,12 @@
 """A resent history decoded past what is new.
 
-A codec whose neutral messages are not its native ones (Anthropic Messages) decodes every native message
-of every request. Most of a resent history's native messages are the earlier body's very objects
-(wire/resent.py), and each one's neutral messages are the same objects as last time (wire/neutral_cache.py),
-but finding them message by message is still a walk over the whole history in Python on every request
-(~3 µs a message). What the earlier body decoded to is kept beside its spans (wire/splice.py); a body that
-shares its first `shared` messages takes their neutral messages and origins as slices (copied in C) and
-decodes only the rest.
+A codec whose neutral messages are not its native ones (Anthropic Messages, OpenAI Responses) decodes every
+native message of every request. Most of a resent history's native messages are the earlier body's very
+objects (wire/resent.py), and each one's neutral messages are the same objects as last time
+(wire/neutral_cache.py), but finding them message by message is still a walk over the whole history in Python
+on every request (~3 µs a message). What the earlier body decoded to is kept beside its spans
+(wire/splice.py); a body that shares its first `shared` messages takes their neutral messages and origins as
+slices (copied in C) and decodes only the rest.
 
 What a prefix holds is counted in the resent bodies' budget with its body: its lists, and what each neutral
 message and its origin hold besides the native messages' own objects (counted with the body), measured once,
@@ -34,9 +34,9 @@ class DecodedPrefix:
     # of natives that k does not close is not counted); resume[k]: where decoding goes on when 0..k are
     # shared (None: always at k + 1; else at the start of the run still open at k)
     ends: list[int]
-    resume: list[int] | None = None
+    resume: list[int] | None
     # held[i]: what the first i + 1 neutral messages and their origins hold (see above), a running total
-    held: list[int] = field(default_factory=list, compare=False, repr=False)
+    held: list[int] = field(compare=False, repr=False)
 
     @property
     def held_bytes(self) -> int:
@@ -59,8 +59,6 @@ def decoded_prefix(start: int, neutral: list[Message], origins: list[Any], ends:
     after that from `natives`: only those are measured."""
     taken = earlier[0].ends[earlier[1] - 1] if earlier is not None else 0
     held = earlier[0].held[:taken] if earlier is not None else []
-    if len(held) < taken:  # (an earlier prefix made without its counts: everything is measured)
-        held, taken = [], 0
     base = held[-1] if held else 0
     # (each message with its origin, counted as a tuple of the message and the origin's fields: about the
     # size of its slots, and what they hold)
