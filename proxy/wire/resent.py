@@ -90,18 +90,24 @@ class _Body:
         bodies are told apart by slicing a few bytes instead of a memcmp call each)."""
         return _same_before(raw, self.raw, self.layout.ends[0])
 
+    def continued(self, raw: bytes) -> int:
+        """How many of this body's elements `raw` repeats when it is this body's session going on with its
+        last few elements edited (Anthropic clients move their cache marker every turn), else 0: the
+        counts tried largest first, each told by a few bytes before one memcmp of everything before it."""
+        ends = self.layout.ends
+        if not self.shares_first(raw):
+            return 0
+        for count in range(len(ends) - 1, max(len(ends) - TAIL_EDITS - 1, 0), -1):
+            if self._repeats(raw, count):
+                return count if continues(count, len(ends)) else 0
+        return 0
+
     def reusable(self, raw: bytes) -> int:
         """How many leading elements `raw` repeats byte for byte (memcmp stops at the first difference:
-        another session's body, which differs early, costs next to nothing). The search, for a body not
-        resent whole (`resent_whole` tells that in one call; `_best` asks it first)."""
+        another session's body, which differs early, costs next to nothing). The search, for a body that
+        does not continue this one (`resent_whole` and `continued` tell those; `_best` asks them first)."""
         ends, mine = self.layout.ends, self.raw
-        # A session's next turn repeats all of this body or all but its last few elements (Anthropic clients
-        # move their cache marker every turn): tried first, largest first, each told by a few bytes before
-        # one memcmp of everything before it (a search would compare that many bytes a dozen times).
-        for count in range(len(ends), max(len(ends) - TAIL_EDITS - 1, 0), -1):
-            if self._repeats(raw, count):
-                return count
-        # Else the largest n with the first n elements repeated: galloping from the start first, so a body
+        # The largest n with the first n elements repeated: galloping from the start first, so a body
         # that parts early (another session of the same agent: its task differs) costs a call or two.
         low, high, step = 0, len(ends), 1
         while low + step <= high:
@@ -192,13 +198,18 @@ class ResentBodies:
         for candidate in reversed(candidates):  # (the latest first) one resent whole: a session's next turn
             if candidate.resent_whole(raw):
                 return candidate, len(candidate.layout.ends)
+        # Else one its session's next turn repeats but for its last few elements (Claude Code's every turn:
+        # its cache marker moves), before searching the others (the sessions of the same agent beside it
+        # share their opening: each would cost a few memcmp calls).
+        for candidate in reversed(candidates):
+            count = candidate.continued(raw)
+            if count:
+                return candidate, count
         best, reused = None, 0  # else (a session's first turn, an edited history) the longest shared part
         for candidate in reversed(candidates):
             count = candidate.reusable(raw) if candidate.shares_first(raw) else 0
             if count > reused:
                 best, reused = candidate, count
-                if continues(count, len(candidate.layout.ends)):
-                    break  # (its session's next turn, its last messages edited: taken as it is)
         return best, reused
 
     def parse(self, raw: bytes, key: str, scope: str = "") -> Resent | None:

@@ -380,6 +380,44 @@ def test_a_session_of_many_finds_its_own_body_in_one_pass_over_its_bytes(monkeyp
             assert len(compared) <= 3 and sum(compared) <= 1.2 * len(raw)
 
 
+def test_sessions_that_open_alike_are_not_searched_before_ones_own(monkeypatch) -> None:
+    """As in tau2-bench's traces: the sessions of one agent open with the same few messages (a greeting,
+    the agent's first answer) and part after them. With the cache marker moving (no body resent whole),
+    a parse still compares its own session's bytes about once: the session going on is looked for among
+    the bodies before any search for a shared part, which would cost each other session's body a few
+    memcmp calls (they share the opening: a search finds it)."""
+    cache = ResentBodies(min_bytes=0, group_prefix=1)
+    marked = {"cache_control": {"type": "ephemeral"}}
+
+    def text(role: str, words: str) -> dict[str, Any]:
+        return {"role": role, "content": [{"type": "text", "text": words}]}
+
+    opening = [text("user", "Hi, I need help with my order."), text("assistant", "Your user id?"),
+               text("user", "Let me look it up."), text("assistant", "Take your time.")]
+    names = [f"{'x' * n}-{n}" for n in range(50)]  # (bodies of many lengths, as real sessions' are)
+    histories = [[*opening, *(text("user" if k % 2 == 0 else "assistant", f"step {k} of session {name}")
+                              for k in range(9))] for name in names]
+
+    def sent(history: list[dict[str, Any]]) -> bytes:
+        last = {**history[-1], "content": [{**history[-1]["content"][0], **marked}]}
+        return orjson.dumps({"messages": [*history[:-1], last]})
+
+    for history in histories:
+        raw = sent(history)
+        cache.remember(raw, "messages", orjson.loads(raw))
+    compared = []
+    real = resent._same_start
+    monkeypatch.setattr(resent, "_same_start", lambda *args: compared.append(args[2]) or real(*args))
+    for turn in range(2):
+        for name, history in zip(names, histories, strict=True):
+            history += [text("assistant", f"answer {turn} of {name}"), text("user", f"go {turn} on {name}")]
+            compared.clear()
+            got = cache.parse(sent(history), "messages")
+            assert got is not None and got.reused == len(history) - 3
+            cache.keep(got)
+            assert len(compared) <= 2
+
+
 def test_a_session_that_edits_its_last_messages_every_turn_keeps_one_body_and_builds_on_it() -> None:
     """Anthropic clients move their cache marker to the newest message every turn, so each body repeats
     all but the last one or two of the previous one's: that is the session's next turn, which replaces
