@@ -140,10 +140,12 @@ async def run_sessions(urls: list[str], headers: dict[str, str], sessions: list[
 
 
 def measure(starters: dict[str, Callable[[], Any]], started: list[Any], sessions: int,
-            concurrency: int = 16, shape: str = "claude") -> dict[str, Any]:
+            concurrency: int = 16, shape: str = "claude",
+            prefixes: dict[str, str] | None = None) -> dict[str, Any]:
     """The targets, each in a fresh server (`starters`: name -> a function starting it; they go in
     `started` to be stopped on failure), measured interleaved: requests, errors, seconds (the whole run,
-    shared), server CPU, p50/p99 ms, RSS after."""
+    shared), server CPU, p50/p99 ms, RSS after. `prefixes`: name -> what goes before the route's path
+    (`/p/passthrough`: ctxproxy with every layer off)."""
     path, headers, _ = SHAPES[shape]
     requests = claude_sessions(sessions, shape=shape)
     found: dict[str, Any] = {"sessions": sessions, "concurrency": concurrency, "shape": shape, "path": path,
@@ -156,7 +158,7 @@ def measure(starters: dict[str, Callable[[], Any]], started: list[Any], sessions
         started.append(services[name])
     print(f"... {shape}-style sessions: {', '.join(services)} interleaved, {sessions} sessions on {path}",
           file=sys.stderr)
-    urls = [s.base + path for s in services.values()]
+    urls = [service.base + (prefixes or {}).get(name, "") + path for name, service in services.items()]
     greeting = [{"role": "user", "content": "Warm up."}, {"role": "assistant", "content": "Ok."}]
     warm_up = SHAPES[shape][2](greeting, "warm-up")
     _, failed, first_error = asyncio.run(run_sessions(urls, headers, [warm_up], 1))

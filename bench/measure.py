@@ -170,30 +170,34 @@ async def throughput(target: Target, headers: dict[str, str], body: bytes, total
 
 
 
-async def session_load(url: str, headers: dict[str, str], sessions: int, turns: int,
-                       concurrency: int) -> tuple[int, int]:
+async def session_load(urls: list[str], headers: dict[str, str], sessions: int, turns: int,
+                       concurrency: int) -> list[tuple[int, int]]:
     """`sessions` conversations of `turns` turns each, every turn resending the whole history under its
-    own x-ctxproxy-session (as agents do), `concurrency` conversations at a time: (requests, errors)."""
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    own x-ctxproxy-session (as agents do), `concurrency` conversations at a time; each turn sent to every
+    url in turn (the order rotating), so a change in the machine's speed during the run moves every server
+    alike: per url, (requests, errors)."""
+    limits = httpx.Limits(max_connections=concurrency * len(urls),
+                          max_keepalive_connections=concurrency * len(urls))
     gate = asyncio.Semaphore(concurrency)
-    sent = errors = 0
+    sent, errors = [0] * len(urls), [0] * len(urls)
     async with httpx.AsyncClient(headers=headers, limits=limits, timeout=60.0) as client:
         async def conversation(number: int) -> None:
-            nonlocal sent, errors
             messages: list[dict[str, str]] = [{"role": "system", "content": "You are a helpful agent."}]
             async with gate:
                 for turn in range(turns):
                     messages.append({"role": "user", "content": f"Session {number}, turn {turn}: what next? "
                                      + "Some context about the task at hand. " * 4})
                     body = orjson.dumps({"model": "gpt-4o", "messages": messages})
-                    try:
-                        response = await client.post(url, content=body,
-                                                     headers={"x-ctxproxy-session": f"load-{number}"})
-                        ok = response.status_code == 200
-                    except httpx.HTTPError:
-                        ok = False
-                    sent, errors = sent + 1, errors + (not ok)
+                    first = (number + turn) % len(urls)
+                    for at in [*range(first, len(urls)), *range(first)]:
+                        try:
+                            response = await client.post(urls[at], content=body,
+                                                         headers={"x-ctxproxy-session": f"load-{number}"})
+                            ok = response.status_code == 200
+                        except httpx.HTTPError:
+                            ok = False
+                        sent[at], errors[at] = sent[at] + 1, errors[at] + (not ok)
                     messages.append({"role": "assistant", "content": f"Done step {turn}; next."})
 
         await asyncio.gather(*(conversation(n) for n in range(sessions)))
-    return sent, errors
+    return list(zip(sent, errors, strict=True))

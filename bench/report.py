@@ -107,10 +107,13 @@ def print_floor(result: dict[str, Any]) -> None:
                       sig3(r["cpu_per_1000"]), sig3(r["ratio"])] for r in cpu]))
     startup = result.get("startup") or {}
     if startup:
-        print("\nStart-up: process start to the first answered request; VmRSS right after it (ctxproxy: a "
-              "first start on an empty data dir; restarted: after the long run below, its data dir kept):\n")
-        print(table(["server", "cold start s", "RSS at start MB"],
-                    [[name, sig3(v["cold_start_s"]), sig3(v["rss_mb"])] for name, v in startup.items()]))
+        print("\nStart-up: process start to the first answered request, the median of the starts beside it "
+              "(ctxproxy and the floor started in turn; ctxproxy each time on an empty data dir: a first "
+              "start; restarted: after the long run below, its data dir kept); VmRSS right after it:\n")
+        print(table(["server", "cold start s", "each start s", "RSS at start MB"],
+                    [[name, sig3(v["cold_start_s"]),
+                      " / ".join(sig3(t) for t in v.get("cold_starts_s") or ()), sig3(v["rss_mb"])]
+                     for name, v in startup.items()]))
     resumed = (result.get("long_run") or {}).get("resumed")
     if resumed:
         print(f"\nA real {resumed['size']} session continued across the restart above (its "
@@ -120,13 +123,19 @@ def print_floor(result: dict[str, Any]) -> None:
                       sig3(resumed["after_restart_ms"]), " / ".join(sig3(t) for t in resumed["next_ms"])]]))
     long_run = result.get("long_run") or {}
     if long_run:
+        how = "measured interleaved (each turn to both in turn)" if long_run.get("interleaved") \
+            else "one after the other"
         print(f"\nA long run, each in a fresh process: {long_run['sessions']} sessions of "
-              f"{long_run['turns']} turns, the history resent every turn, 16 sessions at a time; VmRSS "
-              "before and after:\n")
+              f"{long_run['turns']} turns, the history resent every turn, 16 sessions at a time, {how}; "
+              "VmRSS before and after:\n")
         servers = [name for name in long_run if isinstance(long_run[name], dict) and name != "resumed"]
-        print(table(["server", "requests", "errors", "seconds", "CPU s", "RSS at start MB", "RSS after MB"],
+        floor_cpu = (long_run.get("bare forwarder") or {}).get("cpu_s")
+        print(table(["server", "requests", "errors", "seconds", "CPU s", "÷ bare forwarder",
+                     "RSS at start MB", "RSS after MB"],
                     [[name, str(long_run[name]["requests"]), str(long_run[name]["errors"]),
                       sig3(long_run[name]["seconds"]), sig3(long_run[name].get("cpu_s")),
+                      sig3(long_run[name]["cpu_s"] / floor_cpu) if floor_cpu and long_run[name].get("cpu_s")
+                      else "-",
                       sig3(long_run[name].get("rss_start_mb")), sig3(long_run[name]["rss_mb"])]
                      for name in servers]))
         pauses = (long_run.get("ctxproxy") or {}).get("gc")

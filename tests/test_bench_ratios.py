@@ -51,10 +51,17 @@ def test_the_floor_report_prints_the_restart_and_the_long_run(capsys) -> None:
 
     run = {"requests": 20, "errors": 0, "seconds": 1.0, "cpu_s": 0.5, "rss_start_mb": 100.0, "rss_mb": 120.0}
     print_floor({"latency": [], "session": {"status": "ran", "sessions": 1, "turns": 2},
-                 "startup": {"ctxproxy": {"cold_start_s": 1.4, "rss_mb": 119.0}},
-                 "long_run": {"sessions": 1, "turns": 20, "ctxproxy": run, "bare forwarder": run,
+                 "startup": {"ctxproxy": {"cold_start_s": 1.4, "cold_starts_s": [1.8, 1.4, 1.2],
+                                          "rss_mb": 119.0},
+                             "ctxproxy, restarted": {"cold_start_s": 0.9, "rss_mb": 119.0}},
+                 "long_run": {"sessions": 1, "turns": 20, "interleaved": True,
+                              "ctxproxy": {**run, "cpu_s": 0.6}, "bare forwarder": run,
                               "resumed": {"size": "2MB", "first_sight_ms": 567.0, "turns_ms": [10.0, 12.0],
                                           "after_restart_ms": 108.0, "next_ms": [9.19]}}})
     out = capsys.readouterr().out
     assert "| 567 | 10.0 / 12.0 | 108 | 9.19 |" in out
-    assert "| ctxproxy | 20 | 0 |" in out and "| bare forwarder | 20 | 0 |" in out
+    assert "measured interleaved" in out
+    assert "| ctxproxy | 1.40 | 1.80 / 1.40 / 1.20 | 119 |" in out
+    assert "| ctxproxy, restarted | 0.900 |  | 119 |" in out
+    assert "| ctxproxy | 20 | 0 | 1.00 | 0.600 | 1.20 |" in out
+    assert "| bare forwarder | 20 | 0 | 1.00 | 0.500 | 1.00 |" in out
