@@ -148,6 +148,11 @@ CREATE TABLE session_state (
 CREATE TABLE request_params (id text PRIMARY KEY, tenant text, body text, created_at text);
 ALTER TABLE exchanges ADD COLUMN params_id text;
 """),
+    ("m004_no_parent_index", """
+-- Nothing looks messages up by their parent (a chain is walked up, by id); the index only cost every new
+-- message a write (the SQLite archive's m014_no_parent_index).
+DROP INDEX IF EXISTS messages_parent;
+"""),
 ]
 
 # Each table's primary key: what INSERT OR REPLACE / OR IGNORE mean as ON CONFLICT clauses.

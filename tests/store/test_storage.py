@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -144,3 +145,26 @@ def test_a_request_that_fails_after_deciding_keeps_its_decisions(tmp_path, postg
             assert conn.execute("select version from session_state").fetchall() == [(1,)]
     finally:
         ledger.close()
+
+
+def test_messages_are_not_indexed_by_parent(tmp_path, archive_backend):
+    """Nothing looks a message up by its parent (chains are walked up by id): the archive keeps no index
+    on it, which cost every new message a write; walking up still goes through the primary key."""
+    config = config_for(tmp_path, archive_backend)
+    open_storage(config, TokenCounter()).close()  # (the schema is made as it opens)
+    if archive_backend[0] == "postgresql":
+        with psycopg.connect(archive_backend[1]) as conn:
+            definitions = [row[0] for row in conn.execute(
+                "SELECT indexdef FROM pg_indexes WHERE tablename = 'messages'")]
+            plan = " ".join(row[0] for row in conn.execute(
+                "EXPLAIN SELECT parent_id, body FROM messages WHERE id = 'x'"))
+        assert definitions and not any("(parent_id)" in definition for definition in definitions)
+        assert "messages_pkey" in plan
+        return
+    with sqlite3.connect(config.data_dir / "archive.db") as conn:
+        indexed = [row[2] for name, in conn.execute("SELECT name FROM pragma_index_list('messages')")
+                   for row in conn.execute("SELECT * FROM pragma_index_info(?)", [name])]
+        plan = " ".join(str(row[3]) for row in conn.execute(
+            "EXPLAIN QUERY PLAN SELECT parent_id, body FROM messages WHERE id = 'x'"))
+    assert indexed and "parent_id" not in indexed
+    assert "sqlite_autoindex_messages_1" in plan
