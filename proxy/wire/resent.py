@@ -192,7 +192,9 @@ class ResentBodies:
         return len(raw) - (best.layout.ends[reused - 1] if best is not None else 0)
 
     def _best(self, group: Group, raw: bytes) -> tuple[_Body | None, int]:
-        """The remembered body `raw` repeats the most whole elements of, and how many."""
+        """The remembered body `raw` builds on, and how many of its whole elements it repeats: one resent
+        whole, else one whose session goes on with its last few elements edited, else the one it shares the
+        most leading elements with."""
         with self._lock:
             candidates = list(self._groups.get(group, ()))
         for candidate in reversed(candidates):  # (the latest first) one resent whole: a session's next turn
