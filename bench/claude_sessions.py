@@ -32,6 +32,7 @@ import httpx
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.measure import in_turn
 from bench.procstat import rss_mb, settled_cpu_seconds
 from bench.session_replay import TRACES
 from bench.to_messages import to_messages
@@ -119,8 +120,7 @@ async def run_sessions(urls: list[str], headers: dict[str, str], sessions: list[
         async def session(number: int, requests: list[bytes]) -> None:
             async with gate:
                 for turn, body in enumerate(requests):
-                    first = (number + turn) % len(urls)
-                    for at in [*range(first, len(urls)), *range(first)]:
+                    for at in in_turn(len(urls), number + turn):
                         began = time.perf_counter()
                         try:
                             response = await client.post(urls[at], content=body,

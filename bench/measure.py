@@ -170,6 +170,13 @@ async def throughput(target: Target, headers: dict[str, str], body: bytes, total
 
 
 
+def in_turn(targets: int, first: int) -> list[int]:
+    """The targets' indexes from `first` round to the one before it: one request sent to every target in
+    turn, the order rotating with `first`, so none is always the first (or the last) to get it."""
+    first %= targets
+    return [*range(first, targets), *range(first)]
+
+
 async def session_load(urls: list[str], headers: dict[str, str], sessions: int, turns: int,
                        concurrency: int) -> list[tuple[int, int]]:
     """`sessions` conversations of `turns` turns each, every turn resending the whole history under its
@@ -188,8 +195,7 @@ async def session_load(urls: list[str], headers: dict[str, str], sessions: int, 
                     messages.append({"role": "user", "content": f"Session {number}, turn {turn}: what next? "
                                      + "Some context about the task at hand. " * 4})
                     body = orjson.dumps({"model": "gpt-4o", "messages": messages})
-                    first = (number + turn) % len(urls)
-                    for at in [*range(first, len(urls)), *range(first)]:
+                    for at in in_turn(len(urls), number + turn):
                         try:
                             response = await client.post(urls[at], content=body,
                                                          headers={"x-ctxproxy-session": f"load-{number}"})

@@ -65,3 +65,9 @@ def test_the_floor_report_prints_the_restart_and_the_long_run(capsys) -> None:
     assert "| ctxproxy, restarted | 0.900 |  | 119 |" in out
     assert "| ctxproxy | 20 | 0 | 1.00 | 0.600 | 1.20 |" in out
     assert "| bare forwarder | 20 | 0 | 1.00 | 0.500 | 1.00 |" in out
+
+
+def test_each_request_goes_to_every_target_in_a_rotating_order() -> None:
+    from bench.measure import in_turn
+
+    assert in_turn(3, 0) == [0, 1, 2] and in_turn(3, 4) == [1, 2, 0] and in_turn(1, 7) == [0]

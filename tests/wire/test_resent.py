@@ -343,37 +343,52 @@ def test_a_hundred_concurrent_sessions_of_one_agent_each_build_on_their_own_body
     assert searched == []
 
 
+MARKED = {"cache_control": {"type": "ephemeral"}}
+
+
+def text(role: str, words: str) -> dict[str, Any]:
+    return {"role": role, "content": [{"type": "text", "text": words}]}
+
+
+def marked_body(history: list[dict[str, Any]]) -> bytes:
+    """As Claude Code sends a history: the cache marker on the newest message's last block only."""
+    last = {**history[-1], "content": [{**history[-1]["content"][0], **MARKED}]}
+    return orjson.dumps({"messages": [*history[:-1], last]})
+
+
+def remembered(histories: list[list[dict[str, Any]]]) -> ResentBodies:
+    """A cache holding each history as sent, every one in one group (the same opening byte)."""
+    cache = ResentBodies(min_bytes=0, group_prefix=1)
+    for history in histories:
+        raw = marked_body(history)
+        cache.remember(raw, "messages", orjson.loads(raw))
+    return cache
+
+
+def compared_sizes(monkeypatch) -> list[int]:
+    """The size of every memcmp the cache makes from now on."""
+    compared: list[int] = []
+    real = resent._same_start
+    monkeypatch.setattr(resent, "_same_start", lambda *args: compared.append(args[2]) or real(*args))
+    return compared
+
+
 def test_a_session_of_many_finds_its_own_body_in_one_pass_over_its_bytes(monkeypatch) -> None:
     """A hundred Claude Code sessions of one agent: one group (their opening bytes are the same), their
     tasks differ, the cache marker moves every turn (no body is resent whole). Each parse tells the others'
     bodies apart by a few bytes, and compares its own session's bytes about once (not once a step of a
     search for where they part)."""
-    cache = ResentBodies(min_bytes=0, group_prefix=1)
-    marked = {"cache_control": {"type": "ephemeral"}}
     opening = "<system-reminder>the same reminder for every session</system-reminder>"
-
-    def text(role: str, words: str) -> dict[str, Any]:
-        return {"role": role, "content": [{"type": "text", "text": words}]}
-
     histories = [[text("user", f"{opening} task {n}"),
                   *(text("assistant" if k % 2 == 0 else "user", f"step {k}") for k in range(41))]
                  for n in range(100)]
-
-    def sent(history: list[dict[str, Any]]) -> bytes:
-        last = {**history[-1], "content": [{**history[-1]["content"][0], **marked}]}
-        return orjson.dumps({"messages": [*history[:-1], last]})
-
-    for history in histories:
-        raw = sent(history)
-        cache.remember(raw, "messages", orjson.loads(raw))
-    compared = []
-    real = resent._same_start
-    monkeypatch.setattr(resent, "_same_start", lambda *args: compared.append(args[2]) or real(*args))
+    cache = remembered(histories)
+    compared = compared_sizes(monkeypatch)
     for turn in range(3):
         for history in histories:
             history += [text("assistant", f"answer {turn}"), text("user", f"go {turn}")]
             compared.clear()
-            raw = sent(history)
+            raw = marked_body(history)
             got = cache.parse(raw, "messages")
             assert got is not None and got.reused == len(history) - 3
             cache.keep(got)
@@ -386,33 +401,18 @@ def test_sessions_that_open_alike_are_not_searched_before_ones_own(monkeypatch) 
     a parse still compares its own session's bytes about once: the session going on is looked for among
     the bodies before any search for a shared part, which would cost each other session's body a few
     memcmp calls (they share the opening: a search finds it)."""
-    cache = ResentBodies(min_bytes=0, group_prefix=1)
-    marked = {"cache_control": {"type": "ephemeral"}}
-
-    def text(role: str, words: str) -> dict[str, Any]:
-        return {"role": role, "content": [{"type": "text", "text": words}]}
-
     opening = [text("user", "Hi, I need help with my order."), text("assistant", "Your user id?"),
                text("user", "Let me look it up."), text("assistant", "Take your time.")]
     names = [f"{'x' * n}-{n}" for n in range(50)]  # (bodies of many lengths, as real sessions' are)
     histories = [[*opening, *(text("user" if k % 2 == 0 else "assistant", f"step {k} of session {name}")
                               for k in range(9))] for name in names]
-
-    def sent(history: list[dict[str, Any]]) -> bytes:
-        last = {**history[-1], "content": [{**history[-1]["content"][0], **marked}]}
-        return orjson.dumps({"messages": [*history[:-1], last]})
-
-    for history in histories:
-        raw = sent(history)
-        cache.remember(raw, "messages", orjson.loads(raw))
-    compared = []
-    real = resent._same_start
-    monkeypatch.setattr(resent, "_same_start", lambda *args: compared.append(args[2]) or real(*args))
+    cache = remembered(histories)
+    compared = compared_sizes(monkeypatch)
     for turn in range(2):
         for name, history in zip(names, histories, strict=True):
             history += [text("assistant", f"answer {turn} of {name}"), text("user", f"go {turn} on {name}")]
             compared.clear()
-            got = cache.parse(sent(history), "messages")
+            got = cache.parse(marked_body(history), "messages")
             assert got is not None and got.reused == len(history) - 3
             cache.keep(got)
             assert len(compared) <= 2
@@ -428,10 +428,9 @@ def test_a_session_that_edits_its_last_messages_every_turn_keeps_one_body_and_bu
     raw = orjson.dumps({"messages": other})
     cache.remember(raw, "messages", orjson.loads(raw))
     history: list[dict[str, Any]] = [system, {"role": "user", "content": "task"}]
-    marked = {"cache_control": {"type": "ephemeral"}}
     held = []
     for turn in range(12):
-        sent = [*history[:-1], {**history[-1], **marked}]  # the marker on the newest message only
+        sent = [*history[:-1], {**history[-1], **MARKED}]  # the marker on the newest message only
         got = cache.parse(orjson.dumps({"messages": sent}), "messages")
         assert got is not None
         if turn >= 2:
