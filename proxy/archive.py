@@ -75,10 +75,11 @@ BATCH_MAX = 256  # items per transaction
 BATCH_BYTES = 32 * 1024 * 1024  # serialized bytes per transaction (one bigger item still goes alone)
 QUEUE_BYTES = 64 * 1024 * 1024  # `submit` blocks while more than this waits to be committed
 TRIM_AFTER_BYTES = 8 * 1024 * 1024  # after committing a batch this large, return free heap to the OS
-# At low load a short batch waits this long for company: one transaction for several exchanges instead of
-# one each (every record is durable in the spool already); a flush, a close or a full batch cut it short.
-LINGER_S = 0.02
-LINGER_ITEMS = 16
+# A short batch waits this long for company: one transaction for several exchanges instead of one each
+# (every record is durable in the spool already; a commit costs about what writing three messages does);
+# a flush, a close, a full batch or a full queue cut it short.
+LINGER_S = 0.1
+LINGER_ITEMS = 64
 RETRY_FOR = 300.0  # seconds of an unavailable database before warnings turn into errors (or a start fails)
 
 
@@ -203,7 +204,10 @@ class ArchiveWriter:
             self._submitted += 1
             self._queue.append(_Queued(self._submitted, segment, payload, item))
             self._queued_bytes += len(payload)
-            self._cond.notify_all()
+            if len(self._queue) == 1 or len(self._queue) >= LINGER_ITEMS or not self.has_room:
+                # the writer waits for a first item, or for enough company to stop lingering (woken
+                # on every item, it would take the GIL from the event loop that many times more)
+                self._cond.notify_all()
             return len(payload)
 
     def _late(self, payload: bytes) -> None:

@@ -5,7 +5,7 @@ recall's two steps and the state lookups the session store rebuilds from. A read
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from proxy.archive_codec import loads
@@ -13,9 +13,14 @@ from proxy.archive_codec import loads
 if TYPE_CHECKING:
     from proxy.reader import SearchHits
 
+SETTLE_SHARE = 0.25  # of recall's time limit, at most, spent waiting for the archive writer
+
 
 class SharedQueries:
     search_timeout: float
+    # Set by open_storage to the archive writer's flush: recall waits (a part of its time limit at most)
+    # until the exchanges submitted so far are committed, so it finds every exchange already answered.
+    settle: Callable[[float], object] | None = None
 
     def _query(self, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
         raise NotImplementedError
@@ -64,7 +69,10 @@ class SharedQueries:
         time limit for both; `truncated` says it ran out of time."""
         from proxy.reader import SearchHits
 
-        deadline = time.monotonic() + (self.search_timeout if timeout is None else timeout)
+        limit_s = self.search_timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit_s
+        if self.settle is not None:
+            self.settle(limit_s * SETTLE_SHARE)
         hits = self.search(query, tenant=tenant, session_id=session_id, limit=limit, deadline=deadline)
         if len(hits) < limit and not hits.truncated:
             more = self.search(query, tenant=tenant, policy=policy, exclude_session=session_id,

@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 class ArchiveQueries(Protocol):
     """The read side: ArchiveReader (SQLite) and PostgresReader answer the same questions the same way."""
 
+    # What recall waits on first (a part of its time limit): the writer's flush, so exchanges already
+    # answered are searchable. Set by open_storage.
+    settle: Callable[[float], object] | None
+
     def rows(self, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
         """A read-only query written in the SQL both databases share, `?` placeholders."""
         ...
@@ -127,6 +131,7 @@ def open_storage(config: Config, tokens: TokenCounter, *, pricing: Pricing | Non
                            target=target)
     try:
         reader = open_reader(config)
+        reader.settle = writer.flush
         pins = open_pins(config, tokens)
         ledger = None
         if config.archive.url:

@@ -121,8 +121,9 @@ def test_healthz_says_the_database_is_gone(tmp_path, postgres_server, postgres_u
         assert httpx.get(f"{server.url}/healthz").json() == {"status": "ok", "database": "postgresql"}
         name = urlsplit(postgres_url).path.lstrip("/")
         with psycopg.connect(postgres_server.url("postgres"), autocommit=True) as admin:
-            admin.execute("select pg_terminate_backend(pid) from pg_stat_activity where datname = %s", [name])
+            # (refused first, then cut: the pool reconnecting in between would find the database up)
             admin.execute(f'alter database "{name}" with allow_connections false')
+            admin.execute("select pg_terminate_backend(pid) from pg_stat_activity where datname = %s", [name])
         answer = httpx.get(f"{server.url}/healthz", timeout=30)
         assert answer.status_code == 503 and answer.json()["database"] == "postgresql"
         with psycopg.connect(postgres_server.url("postgres"), autocommit=True) as admin:
@@ -168,3 +169,21 @@ def test_messages_are_not_indexed_by_parent(tmp_path, archive_backend):
             "EXPLAIN QUERY PLAN SELECT parent_id, body FROM messages WHERE id = 'x'"))
     assert indexed and "parent_id" not in indexed
     assert "sqlite_autoindex_messages_1" in plan
+
+
+def test_recall_finds_an_exchange_answered_a_moment_ago(tmp_path, archive_backend):
+    """The writer lingers for company before it commits; recall first waits for what was submitted, so
+    an answer given just before a /recall or a recall tool call is already searchable."""
+    from tests.test_read_back import TENANT, record
+
+    storage = open_storage(config_for(tmp_path, archive_backend), TokenCounter())
+    try:
+        storage.writer.linger_s = 600  # only a flush ends this linger: recall must have asked for one
+        storage.writer.submit(record(1, [{"role": "user", "content": "the canary word is quuxzeta"}]))
+        hits = storage.reader.recall(TENANT, "s1", "default", "quuxzeta", timeout=30)
+        assert len(hits) == 1 and not hits.truncated
+        storage.reader.settle = None  # (without the wait, the next exchange is not in the archive yet)
+        storage.writer.submit(record(2, [{"role": "user", "content": "the next one is plughzorp"}]))
+        assert len(storage.reader.recall(TENANT, "s1", "default", "plughzorp", timeout=30)) == 0
+    finally:
+        storage.close()
