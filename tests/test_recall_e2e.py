@@ -99,3 +99,19 @@ def test_another_api_key_cannot_read_it_back(windowed, fake_upstream):  # noqa: 
     reply = other.chat.completions.create(model="gpt-4o", extra_headers={"x-ctxproxy-session": "long-1"},
                                           messages=[*messages, {"role": "user", "content": "Read call_cfg."}])
     assert reply.choices[0].message.content == "Nothing there."
+
+
+@BOTH_BACKENDS
+def test_recall_finds_what_was_answered_a_moment_before(proxy, fake_upstream):
+    """The archive writer lingers for company before it commits (here far longer than the test): /recall
+    and the recall tool first wait for what was already submitted, so the exchange just answered is found."""
+    proxy.state.archive.linger_s = 600
+    client = proxy.client(api_key="key-1")
+    session = {"x-ctxproxy-session": "moment-1"}
+    fake_upstream.then(Step(content="Noted."))
+    told = [{"role": "user", "content": "The release codename is QUOKKA-MARMALADE."}]
+    client.chat.completions.create(model="gpt-4o", messages=told, extra_headers=session)
+    asked = [*told, {"role": "assistant", "content": "Noted."},
+             {"role": "user", "content": "/recall quokka"}]
+    reply = client.chat.completions.create(model="gpt-4o", messages=asked, extra_headers=session)
+    assert "QUOKKA-MARMALADE" in reply.choices[0].message.content
