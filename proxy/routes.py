@@ -26,6 +26,7 @@ from proxy.upstream import response_headers
 
 if TYPE_CHECKING:
     from proxy.app import ProxyState
+    from proxy.reader import SearchHits
 
 log = logging.getLogger("ctxproxy")
 
@@ -241,8 +242,11 @@ async def admin_search(request: Request) -> Response:
         limit = max(1, min(100, int(request.query_params.get("limit", "20"))))
     except ValueError:
         raise BadRequest("limit must be an integer", param="limit", code="invalid_limit") from None
-    hits = await anyio.to_thread.run_sync(lambda: state.reader.search(
-        query, session_id=request.query_params.get("session"), limit=limit))
+    def search() -> SearchHits:
+        state.reader.wait_for_writer()  # (what was answered a moment ago is found)
+        return state.reader.search(query, session_id=request.query_params.get("session"), limit=limit)
+
+    hits = await anyio.to_thread.run_sync(search)
     for hit in hits:
         hit.pop("body", None)
     return JSONResponse({"query": query, "hits": hits})

@@ -153,9 +153,9 @@ def test_recall_slash_command_answers_without_the_model(windowed, fake_upstream,
 def test_admin_search_needs_the_token(make_proxy, fake_upstream, monkeypatch):
     monkeypatch.setenv("CTXPROXY_ADMIN", "s3cret")
     proxy = make_proxy({"admin": {"token_env": "CTXPROXY_ADMIN"}})
+    proxy.state.archive.linger_s = 600  # (no flush: the search waits for what was answered)
     proxy.client().chat.completions.create(
         model="gpt-4o", messages=[{"role": "user", "content": "remember build 4417 failed on arm64"}])
-    proxy.flush()
     url = f"{proxy.url}/ctxproxy/search"
     assert httpx.get(url, params={"q": "arm64"}).status_code == 401
     assert httpx.get(url, params={"q": "arm64"}, headers={"authorization": "Bearer nope"}).status_code == 401

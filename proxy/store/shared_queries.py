@@ -63,6 +63,12 @@ class SharedQueries:
                deadline: float | None = None) -> SearchHits:
         raise NotImplementedError
 
+    def wait_for_writer(self, limit_s: float | None = None) -> None:
+        """Wait until the exchanges submitted so far are committed, a quarter of `limit_s` (a search's
+        time limit; default: search_timeout) at most: the writer lingers for company before it commits."""
+        if self.settle is not None:
+            self.settle((self.search_timeout if limit_s is None else limit_s) * SETTLE_SHARE)
+
     def recall(self, tenant: str, session_id: str, policy: str, query: str,
                limit: int = 8, *, timeout: float | None = None) -> SearchHits:
         """This session's hits first, then the rest of the project (same tenant and policy), within one
@@ -71,8 +77,7 @@ class SharedQueries:
 
         limit_s = self.search_timeout if timeout is None else timeout
         deadline = time.monotonic() + limit_s
-        if self.settle is not None:
-            self.settle(limit_s * SETTLE_SHARE)
+        self.wait_for_writer(limit_s)
         hits = self.search(query, tenant=tenant, session_id=session_id, limit=limit, deadline=deadline)
         if len(hits) < limit and not hits.truncated:
             more = self.search(query, tenant=tenant, policy=policy, exclude_session=session_id,
