@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,36 +63,14 @@ def event_data(event: bytes) -> bytes | None:
     return b"\n".join(lines) if lines else None
 
 
-# An event as providers send each one: at most one `event:` line, then one `data:` line.
-_PLAIN_EVENT = re.compile(rb"(?:^|\n\n)(event:[^\n]*\n)?data: *([^\n]*)(?=\n\n)")
-
-
-def plain_events(whole: bytes) -> list[tuple[bytes, bytes]] | None:
-    """Each whole event of `whole` as (its `event:` line, or b""; its data), as EventSplitter and
-    `event_data` read it, when every event is the plain shape above with LF line ends; else None. One
-    regular-expression pass instead of a split and a line-by-line reading per event: a stream's events
-    are many and small, and the archive reads every streamed answer again."""
-    if b"\r" in whole:
-        return None
-    found = _PLAIN_EVENT.findall(whole)
-    # (each match is one event, so as many matches as blank lines: every event is plain)
-    return found if len(found) == whole.count(b"\n\n") else None
-
-
 def iter_data(chunks: Iterable[bytes]) -> Iterator[bytes]:
-    """The `data:` payload of each event (and of an unfinished last one), comments left out."""
-    whole = b"".join(chunks)
-    plain = plain_events(whole)
-    if plain is None:
-        splitter = EventSplitter()
-        for event in splitter.feed(whole):
+    splitter = EventSplitter()
+    for chunk in chunks:
+        for event in splitter.feed(chunk):
             data = event_data(event)
             if data is not None:
                 yield data
-        tail = splitter.rest().strip()
-    else:
-        yield from (data for _, data in plain)
-        tail = whole[whole.rfind(b"\n\n") + 2:].strip() if plain else whole.strip()
+    tail = splitter.rest().strip()
     if tail:
         data = event_data(tail)
         if data is not None:

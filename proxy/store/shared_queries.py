@@ -13,14 +13,12 @@ from proxy.archive_codec import loads
 if TYPE_CHECKING:
     from proxy.reader import SearchHits
 
-SETTLE_SHARE = 0.25  # of recall's time limit, at most, spent waiting for the archive writer
+SETTLE_SHARE = 0.25  # of a search's time limit, at most, spent waiting for the archive writer
 
 
 class SharedQueries:
     search_timeout: float
-    # Set by open_storage to the archive writer's flush: recall waits (a part of its time limit at most)
-    # until the exchanges submitted so far are committed, so it finds every exchange already answered.
-    settle: Callable[[float], object] | None = None
+    settle: Callable[[float], object] | None = None  # the archive writer's flush (see wait_for_writer)
 
     def _query(self, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
         raise NotImplementedError

@@ -22,9 +22,7 @@ if TYPE_CHECKING:
 class ArchiveQueries(Protocol):
     """The read side: ArchiveReader (SQLite) and PostgresReader answer the same questions the same way."""
 
-    # What recall waits on first (a part of its time limit): the writer's flush, so exchanges already
-    # answered are searchable. Set by open_storage.
-    settle: Callable[[float], object] | None
+    settle: Callable[[float], object] | None  # set by open_storage to the writer's flush
 
     def rows(self, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
         """A read-only query written in the SQL both databases share, `?` placeholders."""

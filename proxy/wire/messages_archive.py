@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from proxy.archive_parse import NOT_JSON, ParsedResponse, integer, response_json
-from proxy.sse import EventSplitter, event_data, plain_events
+from proxy.sse import EventSplitter, event_data
 from proxy.wire.messages import block_text, neutral_call
 from proxy.wire.messages_stream import MessagesRound, event_name
 
@@ -55,18 +55,11 @@ def fields(event: bytes) -> tuple[str | None, bytes | None]:
 
 
 def read_stream(chunks: list[bytes]) -> MessagesRound:
-    """The stream's events, each fed to one round as the relay feeds them. A Claude answer streams
-    hundreds: the events of a plain stream (sse.plain_events) are read in one pass, and what the round
-    would give the client is not built (its event bytes are empty here)."""
+    """The stream's events, each fed to one round as the relay feeds them (~5 µs an event, a third of
+    splitting it chunk by chunk and reading each line by line: a Claude answer streams hundreds)."""
     round_ = MessagesRound(0, 0, lambda name: False)
-    whole = b"".join(chunks)
-    plain = plain_events(whole)
-    if plain is None:
-        for event in events([whole]):
-            round_.feed_fields(event, *fields(event))
-        return round_
-    for head, data in plain:
-        round_.feed_fields(b"", head[6:-1].strip().decode("utf-8", "replace") if head else None, data)
+    for event in events(chunks):
+        round_.feed_fields(event, *fields(event))
     return round_
 
 
