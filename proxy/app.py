@@ -15,7 +15,7 @@ import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 
 from proxy import collector, commands, heavy, model_summary, pipeline, rounds, telemetry
@@ -55,6 +55,7 @@ from proxy.session import Session, identify
 from proxy.session_state import SessionState
 from proxy.state import StateStore, WouldBlock
 from proxy.store.storage import ArchiveQueries, Storage, open_storage
+from proxy.stream_response import StreamedResponse
 from proxy.tokens import TokenCounter, server_counter, warm_up
 from proxy.ui import routes as ui_routes
 from proxy.upstream import ClientDisconnected, Upstream, response_headers, unless_disconnected
@@ -196,7 +197,7 @@ async def converse(request: Request, wire: WireFormat) -> Response:
     waited = headers_ms if decoded.stream else sum(r.upstream_ms for r in rc.records)
     relayed = response_headers(response.headers, keep_length=False) | ours | overhead(started, waited)
     if not decoded.stream and rest is not None:  # over upstream.max_response_bytes: relayed, never held
-        return StreamingResponse(relay_rest(payload, rest, rc.records[-1], done),
+        return StreamedResponse(relay_rest(payload, rest, rc.records[-1], done),
                                  status_code=response.status_code, headers=relayed)
     if not decoded.stream:
         await finish(state, wire, rc.records, started, policy.name, outcome, rc.calls)
@@ -210,7 +211,7 @@ async def converse(request: Request, wire: WireFormat) -> Response:
         rc.records[-1].status, rc.records[-1].upstream_headers_ms = response.status_code, headers_ms
         events = relay_stream(response, rc.records[-1], upstream.max_response_bytes, wire.watch(),
                               wire.error_event)
-    return StreamingResponse(archived(events, rc.records, done, wire.done_markers, wire.error_event),
+    return StreamedResponse(archived(events, rc.records, done, wire.done_markers, wire.error_event),
                              status_code=response.status_code, headers=relayed)
 
 
@@ -294,7 +295,7 @@ async def answer_command(state: ProxyState, wire: WireFormat, decoded: Decoded, 
     if record.stream:
         record.response_chunks = wire.command_stream(text, model)
         await finish(state, wire, [record], started, policy.name)
-        return StreamingResponse(iter(record.response_chunks), headers=headers,
+        return StreamedResponse(iter(record.response_chunks), headers=headers,
                                  media_type="text/event-stream")
     record.response_body = wire.command_answer(text, model)
     await finish(state, wire, [record], started, policy.name)

@@ -17,11 +17,12 @@ import anyio
 import orjson
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from proxy.config import ServerConfig
 from proxy.errors import BadRequest, CtxProxyError, NotFound, PayloadTooLarge, RequestTimeout
 from proxy.policy import POLICY_NAME, LoadedPolicy, PolicyStore
+from proxy.stream_response import StreamedResponse
 from proxy.upstream import response_headers
 
 if TYPE_CHECKING:
@@ -104,7 +105,7 @@ async def passthrough(request: Request) -> Response:
             with anyio.CancelScope(shield=True):
                 await response.aclose()
 
-    return StreamingResponse(body(), status_code=response.status_code,
+    return StreamedResponse(body(), status_code=response.status_code,
                              headers=response_headers(response.headers, keep_length=True))
 
 
