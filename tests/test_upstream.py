@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import ipaddress
 
@@ -12,7 +13,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from proxy.upstream import env_proxy, tls_context
+from proxy.upstream import ClientDisconnected, env_proxy, tls_context, unless_disconnected
 from tests.servers import FakeUpstream, ServerThread, Step
 
 BODY = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
@@ -107,3 +108,70 @@ def test_the_provider_certificate_is_verified(make_proxy, tmp_path, monkeypatch,
         second = make_proxy(config | {"data_dir": str(tmp_path / "second")})
         trusted = httpx.post(f"{second.url}/v1/chat/completions", json=BODY, timeout=30)
         assert trusted.status_code == 200 and trusted.json()["object"] == "chat.completion"
+
+
+# ----------------------------------------------------------------------- the client leaving meanwhile
+
+class Leaving:
+    """An ASGI `receive` that says disconnect once the test lets the client go."""
+
+    def __init__(self) -> None:
+        self.gone = asyncio.Event()
+
+    async def receive(self) -> dict[str, str]:
+        await self.gone.wait()
+        return {"type": "http.disconnect"}
+
+
+def test_work_done_before_the_client_leaves_is_returned() -> None:
+    async def run() -> str:
+        client = Leaving()
+
+        async def work() -> str:
+            await asyncio.sleep(0)
+            return "answer"
+        result = await unless_disconnected(work(), client.receive)
+        client.gone.set()  # (after the fact: nothing may be cancelled by it now)
+        await asyncio.sleep(0)
+        assert not asyncio.current_task().cancelling()  # type: ignore[union-attr]
+        return result
+
+    assert asyncio.run(run()) == "answer"
+
+
+def test_the_client_leaving_cancels_the_work_and_says_so() -> None:
+    cancelled: list[bool] = []
+
+    async def run() -> None:
+        client = Leaving()
+
+        async def work() -> str:
+            client.gone.set()  # the client goes while the upstream is still to answer
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cancelled.append(True)
+                raise
+            return "never"
+        with pytest.raises(ClientDisconnected):
+            await asyncio.wait_for(unless_disconnected(work(), client.receive), 30)  # (a guard only)
+        assert not asyncio.current_task().cancelling()  # type: ignore[union-attr]
+
+    asyncio.run(run())
+    assert cancelled == [True]
+
+
+def test_a_cancel_from_elsewhere_is_not_taken_for_the_client_leaving() -> None:
+    async def run() -> None:
+        started = asyncio.Event()
+
+        async def work() -> None:
+            started.set()
+            await asyncio.Event().wait()
+        task = asyncio.ensure_future(unless_disconnected(work(), Leaving().receive))
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(run())
