@@ -7,6 +7,7 @@ own 404 and 405 included (see handle_http_exception).
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
@@ -118,7 +119,8 @@ async def read_body(request: Request, server: ServerConfig) -> bytes:
                               "(server.max_body_bytes)")
     chunks, size = [], 0
     try:
-        with anyio.fail_after(server.body_timeout_s):  # a body shorter than its Content-Length
+        # (asyncio's timeout: anyio's costs twice as much, on every request)
+        async with asyncio.timeout(server.body_timeout_s):  # a body shorter than its Content-Length
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > limit:
