@@ -12,6 +12,8 @@ import openai
 import orjson
 import pytest
 
+from tests.anthropic_upstream import message_stream, text
+from tests.responses_upstream import message_item, response_stream
 from tests.servers import Step, stream_chunks
 
 
@@ -223,9 +225,9 @@ def test_tool_calls_pass_through_streaming_and_not(proxy, fake_upstream):
     assert orjson.loads(fake_upstream.chat_requests[0].body)["tools"] == tools
 
 
-def _raw_request(port: int, body: bytes) -> socket.socket:
+def _raw_request(port: int, body: bytes, path: str = "/v1/chat/completions") -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port))
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    sock.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                  b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     return sock
 
@@ -265,6 +267,30 @@ def test_disconnect_mid_stream_cancels_upstream(proxy, fake_upstream):
     after = httpx.post(f"{proxy.url}/v1/chat/completions", timeout=30,
                        json={"model": "gpt-4o", "messages": [{"role": "user", "content": "next"}]})
     assert after.status_code == 200 and after.json()["object"] == "chat.completion"
+
+
+# A Claude client and a Codex client leaving mid-answer: the same relay (proxy/stream_response.py's watcher).
+LEAVING = {
+    "/v1/messages": (lambda: message_stream([text("first words")])[:4], b"content_block_delta",
+                     {"model": "claude-sonnet-4-5", "max_tokens": 64, "stream": True,
+                      "messages": [{"role": "user", "content": "x"}]}),
+    "/v1/responses": (lambda: response_stream([message_item("first words")])[:5], b"output_text.delta",
+                      {"model": "gpt-4o", "stream": True, "store": False, "input": "x"}),
+}
+
+
+@pytest.mark.parametrize("path", sorted(LEAVING))
+def test_a_client_leaving_mid_stream_cancels_upstream_and_is_archived_as_such(proxy, fake_upstream, path):
+    events, delta, request = LEAVING[path]
+    fake_upstream.then(Step(kind="stream", chunks=events(), hang_after_chunks=True))
+    sock = _raw_request(proxy.server.port, orjson.dumps(request), path)
+    received = b""
+    while delta not in received:  # the answer has begun
+        received += sock.recv(65536)
+    sock.close()
+    assert fake_upstream.saw_disconnect.wait(10), "the upstream stream was not given up"
+    row = archived_exchange(proxy)  # archived as the relay ends: wait for it, bounded
+    assert "client disconnected during the stream" in (row["error"] or "")
 
 
 def test_healthz_and_metrics(proxy, fake_upstream):
