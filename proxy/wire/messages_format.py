@@ -15,6 +15,8 @@ from proxy.upstream_response import UpstreamResponse
 from proxy.wire import Decoded, Turn
 from proxy.wire.framing import NamedEventWatch
 from proxy.wire.messages import block_text, decode, neutral_call
+from proxy.wire.messages_check import SCOPE
+from proxy.wire.resent import BODIES
 
 if TYPE_CHECKING:
     from proxy.rounds import RoundsContext
@@ -56,7 +58,8 @@ class MessagesFormat:
     done_markers = (b"event: message_stop", b"event: error")
 
     def fresh_bytes(self, raw: bytes) -> int:
-        return len(raw)  # every native item is looked up or converted: work in proportion to the whole
+        # Past what an earlier body repeats: its prefix was decoded then (wire/decoded_prefix.py).
+        return BODIES.fresh_bytes(raw, "messages", SCOPE)
 
     def decode(self, raw: bytes) -> Decoded:
         return decode(raw)

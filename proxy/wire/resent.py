@@ -189,7 +189,15 @@ class ResentBodies:
             self._probes[id(raw)] = (raw, group, best, reused)
             while len(self._probes) > PROBES:
                 self._probes.popitem(last=False)
-        return len(raw) - (best.layout.ends[reused - 1] if best is not None else 0)
+        if best is None:
+            return len(raw)
+        start, closing = best.layout.ends[reused - 1], best.layout.closing
+        after = len(best.raw) - closing  # the keys after the array's `]`
+        # Those keys, when their bytes are the earlier body's (Claude Code's system prompt and tools every
+        # turn): the parse takes them as its very objects, nothing there is read anew.
+        if closing >= 0 and len(raw) - after >= start and raw.endswith(best.raw[closing:]):
+            return len(raw) - start - after
+        return len(raw) - start
 
     def _best(self, group: Group, raw: bytes) -> tuple[_Body | None, int]:
         """The remembered body `raw` builds on, and how many of its whole elements it repeats: one resent

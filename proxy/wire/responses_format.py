@@ -16,6 +16,7 @@ from proxy.errors import ContextLengthExceeded, CtxProxyError
 from proxy.upstream_response import UpstreamResponse
 from proxy.wire import Decoded, Turn
 from proxy.wire.framing import NamedEventWatch
+from proxy.wire.resent import BODIES
 from proxy.wire.responses import decode, neutral_call, text_of
 
 if TYPE_CHECKING:
@@ -54,7 +55,8 @@ class ResponsesFormat:
                     b"event: error")
 
     def fresh_bytes(self, raw: bytes) -> int:
-        return len(raw)  # every native item is looked up or converted: work in proportion to the whole
+        # Past what an earlier body repeats: its prefix was decoded then (wire/decoded_prefix.py).
+        return BODIES.fresh_bytes(raw, "input")
 
     def decode(self, raw: bytes) -> Decoded:
         return decode(raw)

@@ -234,10 +234,28 @@ def test_fresh_bytes_are_what_a_resend_adds() -> None:
     cache.remember(first, "messages", orjson.loads(first))
     second = orjson.dumps({"model": "m", "messages": [*history, {"role": "user", "content": "new"}]})
     shared = len(orjson.dumps({"model": "m", "messages": history})) - len("]}")  # up to the last message
-    assert cache.fresh_bytes(second, "messages") == len(second) - shared < 60
+    # (what follows the array's `]`, the same bytes as before, is not read anew)
+    assert cache.fresh_bytes(second, "messages") == len(second) - shared - len("}") < 60
     other = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "another session"}]})
     assert cache.fresh_bytes(other, "messages") == len(other)
     assert ResentBodies(limit_bytes=0).fresh_bytes(second, "messages") == len(second)  # cache off
+
+
+def test_the_same_keys_after_the_array_are_not_fresh_and_other_ones_are() -> None:
+    # Claude Code's shape: the messages first, its system prompt and tools after them, the same every turn.
+    cache = ResentBodies(min_bytes=0, group_prefix=1)
+    history = [{"role": "user", "content": f"message {n} " + "x" * 500} for n in range(20)]
+    after = {"system": "You are Claude Code. " * 200, "tools": [{"name": f"tool_{n}"} for n in range(16)]}
+    first = orjson.dumps({"messages": history, **after})
+    cache.remember(first, "messages", orjson.loads(first))
+    added = {"role": "user", "content": "new"}
+    second = orjson.dumps({"messages": [*history, added], **after})
+    assert cache.fresh_bytes(second, "messages") == len(orjson.dumps(added)) + 2  # (its comma, the `]`)
+    changed = orjson.dumps({"messages": [*history, added], **after, "system": "Another prompt."})
+    assert cache.fresh_bytes(changed, "messages") > len(orjson.dumps({"tools": after["tools"]}))
+    # What a parse then reads anew agrees: the keys after the array are the earlier body's very objects.
+    resent = cache.parse(second, "messages")
+    assert resent is not None and resent.same_keys == frozenset(after)
 
 
 def test_a_parse_takes_what_fresh_bytes_found_and_holds_few_bodies_for_it(monkeypatch) -> None:
