@@ -102,15 +102,18 @@ GROWTH_MARGIN_TOKENS = 2_048  # what injected blocks (working memory, pins) may 
 
 
 def little_to_do(state: SessionState, context: PipelineContext, conversation: Conversation) -> bool:
-    """This request continues the session's previous one (its last message is the very object at the
-    same place: the same resent body), adds at most `fresh_bytes` to it (a token is at least one byte),
-    and stays clear of every batch."""
+    """This request continues the session's previous one (its last message is at the same place: the
+    very object of the same resent body, or an equal one decoded anew where the client edited only what
+    the codec leaves out: Claude Code moves its cache marker off the previous turn's last message), adds
+    at most `fresh_bytes` to it (a token is at least one byte), and stays clear of every batch."""
     client, forwarded, messages = state.last_client, state.last_forwarded, conversation.messages
     if client is None or forwarded is None or context.fresh_bytes is None:
         return False
     length, last, _ = client
-    return 0 < length <= len(messages) and messages[length - 1] is last and clear_of_batches(
-        context.policy.policy, conversation.model, forwarded[2], context.fresh_bytes + GROWTH_MARGIN_TOKENS)
+    if not 0 < length <= len(messages) or (messages[length - 1] is not last and messages[length - 1] != last):
+        return False
+    return clear_of_batches(context.policy.policy, conversation.model, forwarded[2],
+                            context.fresh_bytes + GROWTH_MARGIN_TOKENS)
 
 
 CARRY_FROM_TOKENS = 2_000  # about the body size (8 KB) from which a resent history is the same objects

@@ -232,6 +232,29 @@ def test_a_resent_marked_message_still_lets_the_next_request_onto_the_event_loop
     assert outcome.client_cached > 0
 
 
+def test_a_last_message_decoded_anew_but_equal_still_lets_the_next_request_onto_the_event_loop() -> None:
+    """Claude Code moves its cache marker off the previous turn's last message: the Messages codec, which
+    leaves markers out of neutral messages, decodes that message anew into an equal object. The request
+    still continues the session's previous one; one whose message there differs does not."""
+    loaded = LoadedPolicy("t", Policy(), None)
+    live = StateStore(persist=lambda row: None, lookup=None)
+    first = [{"role": "system", "content": "You are an agent. " * 300}, {"role": "user", "content": "fix it"}]
+    pipeline.run(pipeline.Conversation(MODEL, first, None), context(live, loaded))
+    added = [{"role": "assistant", "content": "done"}, {"role": "user", "content": "next"}]
+    for last, on_the_loop in (({"role": "user", "content": "fix it"}, True),
+                              ({"role": "user", "content": "fix that"}, False)):
+        following = [first[0], last, *added]
+        ctx = context(live, loaded)
+        ctx.wait, ctx.fresh_bytes = False, len(orjson.dumps(added))
+        try:
+            pipeline.run(pipeline.Conversation(MODEL, following, None), ctx)
+            ran = True
+        except WouldBlock:
+            ran = False
+        assert ran is on_the_loop
+        pipeline.run(pipeline.Conversation(MODEL, first, None), context(live, loaded))  # (back to `first`)
+
+
 def test_idle_sessions_of_long_histories_stay_within_the_state_budget() -> None:
     """A session keeps its last request's messages (counts, rewrites and walks are keyed by them, for a
     resent history's next turn): their memory counts in the budget, summed past what was summed before.
