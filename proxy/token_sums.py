@@ -4,8 +4,8 @@ An agent resends its whole history with one or two new messages, and the pipelin
 client's messages before anything else. Looking every message up again costs ~0.5 µs each on a slow
 machine (0.6 ms for 1,200 messages) though all but the new ones were summed last time; here a session
 keeps the last few lists it summed (as copies: a list changed later in place cannot make a total wrong)
-with their totals, and a list that starts with one of them, object for object (one pass comparing
-pointers in C), costs that total plus its new messages (or, for a client that edits its newest
+with their totals, and a list that starts with one of them (one list comparison in C: pointers, for the
+very objects), costs that total plus its new messages (or, for a client that edits its newest
 message every turn, all but that message's). Message objects are never edited in place
 (tests/test_invariants.py), so the same objects have the same counts.
 """
@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
-
-from proxy.wire.resent import starts_with
 
 RECENT = 4  # lists remembered per session and model (the client's history and the forwarded variants)
 MIN_LENGTH = 64  # a shorter list is summed outright (comparing would cost about as much)
@@ -32,7 +30,7 @@ def extended_total(recent: Summed, messages: list[dict[str, Any]],
     for place, (earlier, total) in enumerate(recent):
         length = len(earlier)
         if length <= len(messages) and messages[length - 1] is earlier[length - 1] \
-                and starts_with(messages, earlier):
+                and _starts_with(messages, earlier):
             if length == len(messages):  # the very list again (asked for by another step): to the front
                 recent.insert(0, recent.pop(place))
                 return total
@@ -54,6 +52,17 @@ def _edited_tail(recent: Summed, messages: list[dict[str, Any]],
     for earlier, total in recent:
         kept = len(earlier) - 1
         if 0 < kept <= len(messages) and messages[kept - 1] is earlier[kept - 1] \
-                and starts_with(messages, earlier[:kept]):
+                and _starts_with(messages, earlier, kept):
             return total - total_of(earlier[kept:]) + total_of(messages[kept:])
     return None
+
+
+def _starts_with(messages: list[dict[str, Any]], earlier: list[dict[str, Any]],
+                 length: int | None = None) -> bool:
+    """Whether `messages` starts with `earlier`'s first `length` messages (all by default): list equality
+    in C, which takes the very objects as equal at a pointer's cost (7 times quicker than a pass of
+    `is` calls over 400 messages) and compares any other equal-looking one by value, whose count is then
+    the same (a count is the content's)."""
+    length = len(earlier) if length is None else length
+    head = earlier if length == len(earlier) else earlier[:length]
+    return length <= len(messages) and messages[:length] == head

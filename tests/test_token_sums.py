@@ -34,7 +34,7 @@ def recording(asked: list[int]) -> Callable[[list[Message]], int]:
 
 # A pool of message objects; each step builds a list from it: the previous list extended, cut, edited in
 # place after it was summed, rebuilt with a different object at some place, or something else.
-steps = st.lists(st.tuples(st.sampled_from(["extend", "cut", "edit_after", "swap", "other"]),
+steps = st.lists(st.tuples(st.sampled_from(["extend", "cut", "edit_after", "swap", "copy", "other"]),
                            st.integers(min_value=0, max_value=200)), min_size=1, max_size=12)
 
 
@@ -52,6 +52,9 @@ def test_the_total_is_always_what_a_full_sum_gives(script: list[tuple[str, int]]
         elif action == "swap":  # the same last object, another one somewhere before it
             current = list(current)
             current[n % len(current) if len(current) > 1 else 0] = {"content": "swapped" * (n % 3 + 1)}
+        elif action == "copy":  # an equal message, another object (a copy, or decoded anew)
+            current = list(current)
+            current[n % len(current)] = dict(current[n % len(current)])
         elif action == "other":
             current = pool[n:n + 70]
         got = extended_total(recent, current, total_of)
