@@ -58,7 +58,9 @@ def slide_window(original: list[dict[str, Any]], forwarded: list[dict[str, Any]]
     cut = window.sticky_cut(original, state, lambda t: tokens.text(t, model), context.now())
     view = window.kept_view(original, cut, observed)
     block = state.window.block_tokens if state.window.block else 0
-    total = fixed + block + tokens.messages([forwarded[i] for i in view], model) - REPLY_PRIMING
+    # (no cut: the view is every index, and the very list is summed again, a lookup, not a copy's walk)
+    shown = forwarded if len(view) == len(forwarded) else [forwarded[i] for i in view]
+    total = fixed + block + tokens.messages(shown, model) - REPLY_PRIMING
     batch_above = early if breaking else None
     kept: int | None = total  # (what choose_cut would sum again for the cut at hand, until masked)
     if total > (batch_above or budget_tokens) and policy.tool_results.enabled:
