@@ -27,7 +27,8 @@ from proxy.archive_codec import dumps
 from proxy.archive_items import ExchangeRecord, decode_item, encode_item, unknown_kind
 from proxy.archive_params import same_params
 from proxy.spool import Spool
-from proxy.wire.resent import MIN_BYTES, same_objects, starts_with
+from proxy.wire.resent import MIN_BYTES
+from proxy.wire.same_objects import same_objects, starts_with
 
 MAX_SESSIONS = 4096  # sessions whose last spooled record is remembered as a base
 MIN_SHARED = 8  # fewer shared messages than this: spooled whole (not worth a reference)

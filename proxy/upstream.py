@@ -4,7 +4,6 @@ bench/overhead.py.)"""
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import os
 import ssl
@@ -15,7 +14,9 @@ from collections.abc import AsyncIterable, Awaitable, Mapping
 from typing import TypeVar
 
 import aiohttp
+from starlette.types import Receive
 
+from proxy.client_watch import client_watch
 from proxy.config import UpstreamConfig
 from proxy.errors import UpstreamTimeout, UpstreamUnreachable
 from proxy.upstream_response import Headers, ReadTimeout, TransportError, UpstreamResponse, transport_error
@@ -174,31 +175,10 @@ def response_headers(upstream_headers: Headers, *, keep_length: bool) -> dict[st
     return {k: v for k, v in upstream_headers.items() if k.lower() not in drop}
 
 
-async def unless_disconnected(work: Awaitable[T], receive) -> T:
-    """Await `work`, cancelling it if the client disconnects first (also before upstream headers). One
-    watcher task cancels this one: a task for the work besides and `asyncio.wait` cost each request ~3x."""
-    task = asyncio.current_task()
-    if task is None:  # (not under asyncio: nothing to cancel)
-        return await work
-    gone = False
-
-    async def watch() -> None:
-        nonlocal gone
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        gone = True
-        task.cancel()
-
-    watcher = asyncio.get_running_loop().create_task(watch())
-    try:
+async def unless_disconnected(work: Awaitable[T], receive: Receive) -> T:
+    """Await `work`, cancelling it if the client disconnects first (also before upstream headers)."""
+    with client_watch(receive) as watch:
         result = await work
-    except asyncio.CancelledError:
-        if not gone or task.uncancel() > 0:  # cancelled for another reason too: let it through
-            raise
-        raise ClientDisconnected() from None
-    finally:
-        watcher.cancel()
-    if gone:  # the client left as the work ended (which took the cancel in): it is gone all the same
-        task.uncancel()
+    if watch.gone:
         raise ClientDisconnected()
     return result

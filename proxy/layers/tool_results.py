@@ -16,7 +16,7 @@ from proxy.layers.observations import Observations, handle_for, task_end
 from proxy.session_state import SessionState
 from proxy.state import StateStore
 from proxy.summarize import gist, summarize
-from proxy.wire.resent import same_objects, starts_with
+from proxy.wire.same_objects import same_objects, starts_with
 
 SUMMARY = "summary"
 PLACEHOLDER = "placeholder"

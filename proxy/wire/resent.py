@@ -19,7 +19,6 @@ import ctypes
 import ctypes.util
 import functools
 import itertools
-import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -191,13 +190,11 @@ class ResentBodies:
                 self._probes.popitem(last=False)
         if best is None:
             return len(raw)
-        start, closing = best.layout.ends[reused - 1], best.layout.closing
-        after = len(best.raw) - closing  # the keys after the array's `]`
-        # Those keys, when their bytes are the earlier body's (Claude Code's system prompt and tools every
-        # turn): the parse takes them as its very objects, nothing there is read anew.
-        if closing >= 0 and len(raw) - after >= start and raw.endswith(best.raw[closing:]):
-            return len(raw) - start - after
-        return len(raw) - start
+        start, after = best.layout.ends[reused - 1], len(best.raw) - best.layout.closing
+        # The keys after the array, when they are the earlier body's bytes (Claude Code's system prompt and
+        # tools every turn): the parse takes them as its very objects, nothing there is read anew.
+        same_after = len(raw) - after >= start and best.same_after(raw, len(raw) - after)
+        return len(raw) - start - (after if same_after else 0)
 
     def _best(self, group: Group, raw: bytes) -> tuple[_Body | None, int]:
         """The remembered body `raw` builds on, and how many of its whole elements it repeats: one resent
@@ -359,21 +356,6 @@ def _keys_held(body: dict[str, Any], key: str) -> int:
 
 
 BODIES = ResentBodies()  # one per process: the codecs are stateless, this is their shared memory
-
-
-def same_objects(earlier: list[Any], later: list[Any], start: int = 0) -> int:
-    """Where, from `start` on, the two lists first hold different objects (compared by identity in C,
-    stopping at the first difference): a resent history's messages are the very objects parsed before."""
-    islice = itertools.islice
-    differing = map(operator.is_not, islice(earlier, start, None), islice(later, start, None))
-    return next(itertools.compress(itertools.count(start), differing), min(len(earlier), len(later)))
-
-
-def starts_with(later: list[Any], earlier: list[Any]) -> bool:
-    """Whether `later` holds all of `earlier`'s very objects first: the common case of a resent history,
-    told in about half the time `same_objects` takes to say where two lists part (no position kept)."""
-    length = len(earlier)
-    return length <= len(later) and not any(map(operator.is_not, earlier, later[:length]))
 
 
 def checked_keys(resent: Resent | None) -> frozenset[str]:

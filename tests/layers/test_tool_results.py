@@ -17,7 +17,7 @@ from proxy.policy import LoadedPolicy, Policy
 from proxy.session import Session
 from proxy.state import StateStore
 from proxy.tokens import TokenCounter
-from proxy.wire.resent import same_objects
+from proxy.wire.same_objects import same_objects
 from tests.strategies import CLIENT_TOOLS, long_conversation, request_prefixes
 
 OBSERVATIONS = Observations(size_tokens=50)

@@ -278,20 +278,6 @@ def test_a_parse_takes_what_fresh_bytes_found_and_holds_few_bodies_for_it(monkey
     assert len(cache._probes) == resent.PROBES
 
 
-@given(st.lists(st.integers(0, 3), max_size=12), st.lists(st.integers(0, 3), max_size=12), st.integers(0, 12))
-def test_starts_with_says_whether_a_list_begins_with_another_ones_very_objects(
-        earlier_picks: list[int], later_picks: list[int], start: int) -> None:
-    # Four distinct objects that are equal to each other: only identity may tell them apart.
-    pool: list[dict[str, Any]] = [{"role": "user", "content": "same"} for _ in range(4)]
-    earlier, later = [pool[i] for i in earlier_picks], [pool[i] for i in later_picks]
-    shared = resent.same_objects(earlier, later)
-    assert resent.starts_with(later, earlier) == (len(earlier) <= len(later) and shared == len(earlier))
-    assert resent.starts_with([*earlier, *later], earlier)
-    if start <= min(len(earlier), len(later)):
-        assert resent.same_objects(earlier, later, start) == (
-            shared if shared >= start else start + resent.same_objects(earlier[start:], later[start:]))
-
-
 @given(st.integers(1, 300), st.integers(0, 300), st.booleans())
 def test_reusable_is_the_longest_run_of_whole_messages_repeated(length: int, cut: int, longer: bool) -> None:
     history = [{"role": "user", "content": f"message {n}"} for n in range(length)]
