@@ -50,6 +50,8 @@ def loads(data: bytes | str) -> Any:
 
 def safe_text(value: Any) -> str | None:
     """A string SQLite can store: lone surrogates become `\\udXXX` text, non-strings their JSON."""
+    if type(value) is str and value.isascii():  # (O(1) in CPython: a flag of the string) nothing to escape
+        return value
     if value is None:
         return None
     if not isinstance(value, str):
@@ -63,6 +65,11 @@ def safe_text(value: Any) -> str | None:
 
 def cell(value: Any) -> Any:
     """A value for a column of a side-table row."""
+    kind = type(value)  # the common cells first: an exchange row has ~50 of them
+    if kind is str:
+        return value if value.isascii() else safe_text(value)
+    if kind is int:
+        return value if -(2**63) <= value < 2**63 else str(value)
     if value is None or isinstance(value, float | bytes):
         return value
     if isinstance(value, bool):

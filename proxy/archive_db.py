@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -42,6 +43,7 @@ def scope_token(kind: str, value: str) -> str:
     return kind + hashlib.sha1(value.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
+@functools.lru_cache(maxsize=4096)  # three hashes a message, the same few values all day
 def scope_of(tenant: str, session_id: str, policy: str) -> str:
     # Project = tenant + policy as one token: intersecting two large doclists would cost more.
     return " ".join((scope_token("tn", tenant), scope_token("ss", session_id), project_token(tenant, policy)))

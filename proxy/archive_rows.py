@@ -153,7 +153,10 @@ class RowWriter:
         row.update(account(row, prices))
         if prices is not None and row.get("cost_source"):
             row["prices"] = dumps(prices.as_dict()).decode()
-        self.written.append({k: v for k, v in row.items() if k not in CONTENT_COLUMNS})
+        written = row.copy()  # (a copy in C, then four pops: a filtering loop costs ~50 steps a row)
+        for name in CONTENT_COLUMNS:
+            written.pop(name, None)
+        self.written.append(written)
         self._row("INSERT OR IGNORE" if self.stale else "INSERT OR REPLACE", "exchanges", row)
 
     def _params_id(self, record: ExchangeRecord) -> str:
