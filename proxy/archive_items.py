@@ -4,7 +4,10 @@ queue and the spool (encode_item / decode_item): JSON of the fields, then the ra
 from __future__ import annotations
 
 import json
+import os
 import struct
+import threading
+import time
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any, Literal, overload
@@ -13,9 +16,50 @@ import orjson
 
 from proxy.archive_codec import serialize
 
+_second: tuple[int, str] = (-1, "")  # the last second formatted, and its text
+
 
 def utc_now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds")
+    """Now, as `datetime.now(UTC).isoformat(timespec="milliseconds")` writes it; the date and time of day
+    are formatted once a second (every exchange is stamped: the datetime calls cost ~10 us in a busy
+    server, against ~1 us in a loop)."""
+    return stamp(time.time_ns())
+
+
+def stamp(ns: int) -> str:
+    """`utc_now` at `ns` nanoseconds since the epoch."""
+    global _second
+    second, millisecond = divmod(ns // 1_000_000, 1000)
+    known, text = _second
+    if second != known:
+        text = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        _second = (second, text)
+    return f"{text}.{millisecond:03d}+00:00"
+
+
+_ID_BATCH = 256
+_ids: list[str] = []
+_ids_lock = threading.Lock()
+
+
+def new_id() -> str:
+    """A random id of 32 hex digits, like `uuid.uuid4().hex` (128 random bits instead of 122): one call for
+    the system's randomness per 256 ids, which in a busy server costs ~10 us each (that call lets the GIL
+    go). A forked child starts its own batch, so two processes never hand out the same ids."""
+    with _ids_lock:
+        if not _ids:
+            pool = os.urandom(16 * _ID_BATCH).hex()
+            _ids.extend(pool[at:at + 32] for at in range(0, len(pool), 32))
+        return _ids.pop()
+
+
+def _start_anew() -> None:  # (in a forked child: a lock another thread held at the fork stays held)
+    global _ids_lock
+    _ids_lock = threading.Lock()
+    _ids.clear()
+
+
+os.register_at_fork(after_in_child=_start_anew)
 
 
 @dataclass

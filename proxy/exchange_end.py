@@ -5,7 +5,6 @@ and come back through `on_archived`, once the exchange is committed."""
 from __future__ import annotations
 
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -14,6 +13,7 @@ import anyio
 
 from proxy import telemetry
 from proxy.archive import ExchangeRecord, request_params, utc_now
+from proxy.archive_items import new_id
 from proxy.internal_tools import READ_TOOL_RESULT, RECALL
 from proxy.layers.tool_results import EVICTED, PLACEHOLDER, SUMMARY
 from proxy.logs import log_exchange
@@ -35,7 +35,7 @@ def exchange_record(wire: WireFormat, decoded: Decoded, policy: LoadedPolicy, se
                     **fields: Any) -> ExchangeRecord:
     """The archive record of one upstream call (or of an answer the proxy gave itself)."""
     return ExchangeRecord(
-        id=uuid.uuid4().hex, created_at=utc_now(), session_id=session.id, session_source=session.source,
+        id=new_id(), created_at=utc_now(), session_id=session.id, session_source=session.source,
         tenant=tenant, policy=policy.name, route=wire.route, model=decoded.model,
         stream=decoded.stream, request_messages=decoded.messages,
         params=request_params(decoded.params or decoded.body), **fields)
@@ -165,7 +165,7 @@ def spend_recorder(state: ProxyState, policy: LoadedPolicy, session: Session, te
     usage, so it counts as spent and against saved (proxy/accounting.py)."""
     async def spend(model: str, status: int, upstream_ms: float, payload: bytes) -> None:
         record = ExchangeRecord(
-            id=uuid.uuid4().hex, created_at=utc_now(), session_id=session.id, session_source=session.source,
+            id=new_id(), created_at=utc_now(), session_id=session.id, session_source=session.source,
             tenant=tenant, policy=policy.name, route="proxy/model", model=model, stream=False,
             request_messages=[], params={}, status=status, upstream_ms=upstream_ms, latency_ms=upstream_ms,
             gate=INTERNAL, response_body=payload)

@@ -152,13 +152,13 @@ def _run(conversation: Conversation, context: PipelineContext, state: SessionSta
     observations = for_policy(tuple(layer1.observation_patterns), layer1.threshold_tokens)
     original = conversation.messages
 
-    @telemetry.traced("ctxproxy.tool_results")
     def layer_one(messages: list[dict[str, Any]], force: bool = False) -> list[dict[str, Any]]:
-        return summarize_large(messages, state, context.store, count, layer1.threshold_tokens,
-                               enabled=layer1.enabled and can_offer_tools,
-                               tools_tokens=tokens.tools(conversation.tools, model),
-                               prepared=context.prepared, observations=observations, force=force,
-                               carried=None if force else state.walks, skip_before=0 if force else doomed)
+        with telemetry.span("ctxproxy.tool_results"):  # (not a decorator: that would be applied each request)
+            return summarize_large(messages, state, context.store, count, layer1.threshold_tokens,
+                                   enabled=layer1.enabled and can_offer_tools,
+                                   tools_tokens=tokens.tools(conversation.tools, model),
+                                   prepared=context.prepared, observations=observations, force=force,
+                                   carried=None if force else state.walks, skip_before=0 if force else doomed)
 
     offered_before = state.internal_tools_offered
     # A first batch over a long history: what it certainly evicts needs no summary and no placeholder.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Mapping
@@ -45,8 +46,13 @@ def tenant_of(headers: Mapping[str, str]) -> str:
         key = (headers.get(name) or "").removeprefix("Bearer ").strip()
         # An empty credential (`Authorization: Bearer $UNSET_VARIABLE`) is no key: keyless, not shared.
         if key and key.lower() != "bearer":
-            return hashlib.sha256(key.encode()).hexdigest()[:24]
+            return _key_tenant(key)
     return ANONYMOUS
+
+
+@functools.lru_cache(maxsize=1024)  # a client sends the same key every request: hashed once
+def _key_tenant(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
 def keyless_tenant(session_id: str) -> str:

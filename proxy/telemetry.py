@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
@@ -292,13 +292,17 @@ async def upstream_call(rc: RoundsContext, opening: Awaitable[UpstreamResponse])
 
 # ------------------------------------------------------------------------------ spans inside an exchange
 
-@contextmanager
-def span(name: str, attributes: dict[str, Any] | None = None) -> Iterator[Span | None]:
+_NO_SPAN: AbstractContextManager[None] = nullcontext()  # (reusable: it holds nothing)
+
+
+def span(name: str, attributes: dict[str, Any] | None = None) -> AbstractContextManager[Span | None]:
     """A child span of the exchange (or of the span this one is inside); None outside an exchange."""
     current = _exchange.get()
-    if current is None:
-        yield None
-        return
+    return _NO_SPAN if current is None else _child_span(current, name, attributes)
+
+
+@contextmanager
+def _child_span(current: Exchange, name: str, attributes: dict[str, Any] | None) -> Iterator[Span | None]:
     child = current.child(name, attributes=attributes)
     token = _parent.set(current.telemetry.api.set_span_in_context(child))
     try:
