@@ -205,3 +205,10 @@ def m014_no_parent_index(db: Database) -> None:
     # message a write at a random place (its key a hash): a message row with its full-text chunk went
     # from ~290 to ~220 µs without it, one message a transaction, as an agent's pace makes them.
     db.execute("DROP INDEX IF EXISTS idx_messages_parent_id")
+
+
+@migrations()
+def m015_no_session_index(db: Database) -> None:
+    # Nothing looks messages up by tenant and session alone: read-back and recall's call lookups go by
+    # (tenant, call_id, session_id, role, proxy), chains by id. Each new message paid a write into it.
+    db.execute("DROP INDEX IF EXISTS idx_messages_tenant_session_id")

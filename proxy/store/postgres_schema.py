@@ -153,6 +153,11 @@ ALTER TABLE exchanges ADD COLUMN params_id text;
 -- message a write (the SQLite archive's m014_no_parent_index).
 DROP INDEX IF EXISTS messages_parent;
 """),
+    ("m005_no_session_index", """
+-- Nothing looks messages up by tenant and session alone (read-back goes by messages_read_back, chains by
+-- id); the index only cost every new message a write (the SQLite archive's m015_no_session_index).
+DROP INDEX IF EXISTS messages_tenant_session;
+"""),
 ]
 
 # Each table's primary key: what INSERT OR REPLACE / OR IGNORE mean as ON CONFLICT clauses.
