@@ -4,7 +4,6 @@ first batch certainly evicts, and storing what an eviction takes out of the prom
 from __future__ import annotations
 
 import bisect
-import functools
 import itertools
 import math
 import operator
@@ -76,7 +75,12 @@ def slide_window(original: list[dict[str, Any]], forwarded: list[dict[str, Any]]
                 batch_above = low_water if target == 0 else early
             total, kept = masked, None
 
-    calls = functools.cache(lambda: calls_by_id(original))  # (once per batch, and only if needed)
+    known_calls: list[dict[str, tuple[str, str | None]]] = []
+
+    def calls() -> dict[str, tuple[str, str | None]]:  # (once per batch, and only if needed)
+        if not known_calls:
+            known_calls.append(calls_by_id(original))
+        return known_calls[0]
 
     def keep(start: int, stop: int) -> dict[int, str]:
         return keep_evicted(start, stop, found, calls, state, context.store)
