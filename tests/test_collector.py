@@ -21,13 +21,16 @@ def test_settle_freezes_what_start_up_left():
         from proxy import collector
         held = [{"n": i} for i in range(1000)]  # live objects from "start-up"
         before = gc.get_freeze_count()
+        defaults = gc.get_threshold()
         collector.settle()
-        print(json.dumps([before, gc.get_freeze_count(), gc.collect()]))
+        print(json.dumps([before, gc.get_freeze_count(), gc.collect(), defaults, gc.get_threshold()]))
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
-    before, frozen, collected = json.loads(out)
+    before, frozen, collected, defaults, threshold = json.loads(out)
     assert before == 0 and frozen >= 1000
     assert collected == 0  # what was frozen is never scanned, so nothing of it is found
+    # the young generation collected less often; the older ones as often as CPython has them
+    assert threshold == [collector.YOUNG_THRESHOLD, *defaults[1:]] and threshold[0] > defaults[0]
 
 
 def test_the_pause_clock_times_each_collection_by_generation_while_installed():
