@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import httpx
+import orjson
 
 from proxy.session import fingerprint, identify, resolve_session, tenant_of
 
@@ -35,6 +38,23 @@ def test_resent_and_extended_history_keeps_its_session():
     opening = [SYSTEM, {"role": "user", "content": "task A"}]
     later = [*opening, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
     assert fingerprint(opening, "t") == fingerprint(later, "t") == fingerprint(list(opening), "t")
+
+
+def test_a_resent_opening_is_not_hashed_again_and_a_copy_prints_the_same(monkeypatch):
+    import proxy.session as session
+
+    opening = [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "task C"}]
+    first = fingerprint(opening, "t")
+    hashed = []
+    sha256 = hashlib.sha256
+    monkeypatch.setattr(session.hashlib, "sha256", lambda data: hashed.append(data) or sha256(data))
+    assert fingerprint([*opening, {"role": "assistant", "content": "ok"}], "t") == first  # the same objects
+    assert hashed == []
+    copy = orjson.loads(orjson.dumps(opening))  # equal objects decoded anew: hashed, the same print
+    assert fingerprint(copy, "t") == first and len(hashed) == 1
+    assert fingerprint(opening, "u") != first  # the tenant is part of the key
+    opening[1] = {"role": "user", "content": "task D"}  # another object in the same list: another print
+    assert fingerprint(opening, "t") != first
 
 
 def test_tenants_do_not_share_fingerprints():
