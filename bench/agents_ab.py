@@ -1,6 +1,6 @@
 """Before and after on the agent sessions: a snapshot of ctxproxy, the checkout and the floor, interleaved.
 
-Run: `python bench/agents_ab.py SNAPSHOT [--runs 4] [--shape claude|codex] [--sessions 32]` with the
+Run: `python bench/agents_ab.py SNAPSHOT [--runs 4] [--shape claude|codex|chat] [--sessions 32]` with the
 project's venv python, SNAPSHOT a folder holding an earlier `proxy/` package, e.g.
 `mkdir /tmp/before && git archive HEAD~1 proxy | tar -x -C /tmp/before`.
 
@@ -52,7 +52,7 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("snapshot", type=Path, help="a folder holding the earlier proxy/ package")
     parser.add_argument("--runs", type=int, default=4)
-    parser.add_argument("--shape", choices=("claude", "codex"), default="claude")
+    parser.add_argument("--shape", choices=("claude", "codex", "chat"), default="claude")
     parser.add_argument("--sessions", type=int, default=32)
     args = parser.parse_args()
     if not (args.snapshot / "proxy" / "__init__.py").is_file():

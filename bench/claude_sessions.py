@@ -1,4 +1,4 @@
-"""Agent sessions on the Anthropic Messages and OpenAI Responses routes, for the overhead benchmark
+"""Agent sessions on the Anthropic Messages, OpenAI Responses and chat routes, for the overhead benchmark
 (issue 14).
 
 Real conversations from ../shared/traces (read in place): the longest mini-swe-agent ones (long tool
@@ -9,7 +9,9 @@ would send at every model call:
   system prompt, and on the last block of the newest message, so the marker moves every turn; streamed,
   as Claude Code asks every turn;
 - Codex-style (`/v1/responses`, bench/to_responses.py), shaped as Codex sends it with `store: false`: the
-  whole history in `input`, its `prompt_cache_key` naming the conversation, streamed.
+  whole history in `input`, its `prompt_cache_key` naming the conversation, streamed;
+- chat-style (`/v1/chat/completions`), as the traces' own agents sent them through litellm: the whole
+  history every turn, not streamed.
 
 Measured interleaved: every server is up at once and each request goes to each of them in turn (the order
 rotating), `concurrency` sessions at a time, so a change in the machine's speed during the run moves every
@@ -88,9 +90,17 @@ def codex_requests(messages: list[dict[str, Any]], session: str = "0") -> list[b
     return out
 
 
+def chat_requests(messages: list[dict[str, Any]], session: str = "0") -> list[bytes]:
+    """The same model calls as the traces' own agents made them (mini-swe-agent and tau2-bench through
+    litellm): chat completions, the whole history every turn, not streamed."""
+    return [orjson.dumps({"model": "gpt-4o", "messages": messages[:end]})
+            for end, message in enumerate(messages) if end and message.get("role") == "assistant"]
+
+
 SHAPES: dict[str, tuple[str, dict[str, str], Callable[[list[dict[str, Any]], str], list[bytes]]]] = {
     "claude": ("/v1/messages", HEADERS, session_requests),
-    "codex": ("/v1/responses", CODEX_HEADERS, codex_requests)}
+    "codex": ("/v1/responses", CODEX_HEADERS, codex_requests),
+    "chat": ("/v1/chat/completions", CODEX_HEADERS, chat_requests)}
 
 
 def claude_sessions(sessions: int, traces: Path = TRACES, shape: str = "claude") -> list[list[bytes]]:

@@ -10,9 +10,10 @@ history, bench/session_replay.py), server CPU seconds per 1,000 requests (/proc)
 cold start and RSS at start (issue 14). The `*_by_route` scenarios send the same small request through
 ctxproxy's chat, Anthropic Messages and OpenAI Responses routes (each against the fake upstream's own
 route, called directly), so the routes' added latency compare (goal: each within 0.3 ms of chat at p50).
-Last, Claude-style sessions on the Messages route and Codex-style ones on the Responses route
-(bench/claude_sessions.py): real sessions with Claude Code's moving cache marker, and with Codex's whole
-history resent, CPU per request against the floor's, each server fresh and all measured interleaved:
+Last, Claude-style sessions on the Messages route, Codex-style ones on the Responses route and the same
+sessions on the chat route as their own agents sent them (bench/claude_sessions.py): real sessions with
+Claude Code's moving cache marker, with Codex's whole history resent, and plain, CPU per request against
+the floor's, each server fresh and all measured interleaved:
 ctxproxy with the default policy, ctxproxy with every layer off (`/p/passthrough`), the floor.
 """
 
@@ -255,12 +256,14 @@ def run(args: argparse.Namespace, workdir: Path, started: list[Service]) -> dict
         "ctxproxy passthrough": functools.partial(start_ctxproxy, workdir, fake.base, args.src,
                                                   name=f"ctxproxy-{shape}-passthrough"),
         "bare forwarder": functools.partial(start_bare, workdir, fake.base)}, started, args.claude_sessions,
-        shape=shape, prefixes={"ctxproxy passthrough": "/p/passthrough"}) for shape in ("claude", "codex")}
+        shape=shape, prefixes={"ctxproxy passthrough": "/p/passthrough"})
+        for shape in ("claude", "codex", "chat")}
     return {
         "mode": "quick" if quick else "full", "ctxproxy_src": str(args.src or "installed package"),
         "python": platform.python_version(), "cpus": _cpus(),
         "concurrency": args.concurrency, "long_run": long_run, "claude_sessions": agents["claude"],
-        "codex_sessions": agents["codex"], "latency": [asdict(r) for r in latency],
+        "codex_sessions": agents["codex"], "chat_sessions": agents["chat"],
+        "latency": [asdict(r) for r in latency],
         "throughput": [asdict(r) for r in rows], "big_bytes": len(payloads["history_500KB"][0]),
         "big_messages": len(history), "ctxproxy_added_mean_ms": added_mean,
         "ctxproxy_added_mean_ms_by_route": added_by_route, "route_gap": route_gap(latency),

@@ -147,13 +147,16 @@ def print_floor(result: dict[str, Any]) -> None:
                          for generation, row in sorted(pauses.items())]))
     print_claude_sessions(result.get("claude_sessions"))
     print_claude_sessions(result.get("codex_sessions"))
+    print_claude_sessions(result.get("chat_sessions"))
 
 
 AGENT_SHAPES = {
     "claude": "Claude-style sessions on /v1/messages (bench/claude_sessions.py), shaped as Claude Code sends "
               "them (its key order and tools), the cache marker moving every turn, streamed",
     "codex": "Codex-style sessions on /v1/responses (bench/claude_sessions.py), shaped as Codex sends them "
-             "(store false: the whole history in input, streamed)"}
+             "(store false: the whole history in input, streamed)",
+    "chat": "Chat-style sessions on /v1/chat/completions (bench/claude_sessions.py), as the traces' own "
+            "agents sent them through litellm (the whole history every turn, not streamed)"}
 
 
 def print_claude_sessions(found: dict[str, Any] | None) -> None:

@@ -1,6 +1,6 @@
 """The agent sessions of the overhead benchmark (bench/claude_sessions.py): one valid Messages request per
 model call, shaped as Claude Code sends it, with its cache markers, the newest one moving every turn; one
-valid Responses request per model call, shaped as Codex sends it."""
+valid Responses request per model call, shaped as Codex sends it; the chat request its own agent sent."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 
 from bench import to_responses
-from bench.claude_sessions import claude_sessions, codex_requests, session_requests
+from bench.claude_sessions import chat_requests, claude_sessions, codex_requests, session_requests
 from bench.to_messages import breakpoints, violations
 
 CONVERSATION = [
@@ -68,3 +68,12 @@ def test_codex_sessions_come_from_the_same_conversations(tmp_path: Path) -> None
     for name in ("miniswe_gemini3pro_swebv_dev.jsonl", "tau2bench_dev.jsonl"):
         (tmp_path / name).write_bytes(orjson.dumps({"messages": CONVERSATION}))
     assert [len(s) for s in claude_sessions(2, tmp_path, shape="codex")] == [3, 3]
+
+
+def test_one_chat_request_per_model_call_as_the_agent_sent_it(tmp_path: Path) -> None:
+    requests = [orjson.loads(body) for body in chat_requests(CONVERSATION)]
+    assert [body["messages"] for body in requests] == [CONVERSATION[:2], CONVERSATION[:4], CONVERSATION[:6]]
+    assert all(set(body) == {"model", "messages"} for body in requests)  # not streamed, no session id
+    for name in ("miniswe_gemini3pro_swebv_dev.jsonl", "tau2bench_dev.jsonl"):
+        (tmp_path / name).write_bytes(orjson.dumps({"messages": CONVERSATION}))
+    assert [len(s) for s in claude_sessions(2, tmp_path, shape="chat")] == [3, 3]
