@@ -137,5 +137,7 @@ def fingerprint(messages: list[Any], tenant: str) -> str:
     return found
 
 
-PRINTS_KEPT = 4096  # sessions whose opening's print is remembered (their objects are alive anyway)
+# Sessions whose opening's print is remembered. An entry keeps its opening alive (a system prompt and a
+# task, ~10 KB for mini-swe-agent) after its session ends: bounded low, a miss only hashes again.
+PRINTS_KEPT = 512
 _prints: dict[tuple[Any, ...], tuple[list[Any], str]] = {}
