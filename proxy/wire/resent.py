@@ -67,6 +67,8 @@ class _Body:
         # counting the bytes alone let the cache hold several times its budget).
         self.cost = len(raw) + keys_held + (layout.held[-1] if layout.held else 0)
         self.derived_cost = 0  # of it: what a codec made of it holds (wire/decoded_prefix.py)
+        first_end = layout.ends[0]  # (a remembered body has elements) and the bytes just before it
+        self._first = (first_end, raw[first_end - _WINDOW:first_end] if first_end >= _WINDOW else None)
 
     def same_after(self, raw: bytes, closing: int) -> bool:
         """Whether `raw` past its array's `]` (at `closing`) is this body's past its own, byte for byte: the
@@ -75,7 +77,8 @@ class _Body:
         return mine >= 0 and len(raw) - closing == len(self.raw) - mine and raw.endswith(self.raw[mine:])
 
     def resent_whole(self, raw: bytes) -> bool:
-        return self.shares_first(raw) and self._repeats(raw, len(self.layout.ends))
+        """Whether `raw` repeats all of this body's elements (`shares_first` told before)."""
+        return self._repeats(raw, len(self.layout.ends))
 
     def _repeats(self, raw: bytes, count: int) -> bool:
         """Whether `raw` repeats this body's first `count` elements: told by a few bytes before their end,
@@ -87,15 +90,15 @@ class _Body:
         """Whether `raw` could repeat this body's first element: the bytes just before its end are the same
         (another session of the same agent parts in its first element, its task, mostly: its many
         bodies are told apart by slicing a few bytes instead of a memcmp call each)."""
-        return _same_before(raw, self.raw, self.layout.ends[0])
+        end, before = self._first  # (kept: one slice of `raw` a candidate, however many there are)
+        return before is None or raw[end - _WINDOW:end] == before
 
     def continued(self, raw: bytes) -> int:
         """How many of this body's elements `raw` repeats when it is this body's session going on with its
-        last few elements edited (Anthropic clients move their cache marker every turn), else 0: the
-        counts tried largest first, each told by a few bytes before one memcmp of everything before it."""
+        last few elements edited (Anthropic clients move their cache marker every turn), else 0 (its
+        first element shared: `shares_first` told before): the counts tried largest first, each told by a
+        few bytes before one memcmp of everything before it."""
         ends = self.layout.ends
-        if not self.shares_first(raw):
-            return 0
         for count in range(len(ends) - 1, max(len(ends) - TAIL_EDITS - 1, 0), -1):
             if self._repeats(raw, count):
                 return count if continues(count, len(ends)) else 0
@@ -202,19 +205,21 @@ class ResentBodies:
         most leading elements with."""
         with self._lock:
             candidates = list(self._groups.get(group, ()))
-        for candidate in reversed(candidates):  # (the latest first) one resent whole: a session's next turn
+        # The sessions of one agent share their opening and part in their first element (the task, mostly):
+        # the others are told apart once, by a few bytes each (the latest first), before the searches.
+        sharing = [candidate for candidate in reversed(candidates) if candidate.shares_first(raw)]
+        for candidate in sharing:  # one resent whole: a session's next turn
             if candidate.resent_whole(raw):
                 return candidate, len(candidate.layout.ends)
         # Else one its session's next turn repeats but for its last few elements (Claude Code's every turn:
-        # its cache marker moves), before searching the others (the sessions of the same agent beside it
-        # share their opening: each would cost a few memcmp calls).
-        for candidate in reversed(candidates):
+        # its cache marker moves), before searching the others (each would cost a few memcmp calls).
+        for candidate in sharing:
             count = candidate.continued(raw)
             if count:
                 return candidate, count
         best, reused = None, 0  # else (a session's first turn, an edited history) the longest shared part
-        for candidate in reversed(candidates):
-            count = candidate.reusable(raw) if candidate.shares_first(raw) else 0
+        for candidate in sharing:
+            count = candidate.reusable(raw)
             if count > reused:
                 best, reused = candidate, count
         return best, reused

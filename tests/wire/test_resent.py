@@ -399,6 +399,22 @@ def test_a_session_of_many_finds_its_own_body_in_one_pass_over_its_bytes(monkeyp
             assert len(compared) <= 3 and sum(compared) <= 1.2 * len(raw)
 
 
+def test_the_other_sessions_bodies_are_told_apart_once_a_parse(monkeypatch) -> None:
+    """Each remembered body of another session (its first element, the task, differs) is looked at once a
+    parse, not once for each way a body can build on it (resent whole, continued, sharing a part)."""
+    histories = [[text("user", f"task {n}"), text("assistant", "step"), text("user", "go")]
+                 for n in range(60)]
+    cache = remembered(histories)
+    looked = []
+    real = resent._Body.shares_first
+    monkeypatch.setattr(resent._Body, "shares_first",
+                        lambda self, raw: looked.append(self) or real(self, raw))
+    history = histories[7] + [text("assistant", "answer"), text("user", "more")]
+    got = cache.parse(marked_body(history), "messages")
+    assert got is not None and got.reused == len(history) - 3  # continued: the marker moved
+    assert len(looked) == len(set(map(id, looked))) == 60
+
+
 def test_sessions_that_open_alike_are_not_searched_before_ones_own(monkeypatch) -> None:
     """As in tau2-bench's traces: the sessions of one agent open with the same few messages (a greeting,
     the agent's first answer) and part after them. With the cache marker moving (no body resent whole),
