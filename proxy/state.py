@@ -235,7 +235,8 @@ class StateStore:
         rewrites and walks are keyed by them): their memory, summed past what an earlier request summed
         (token_sums.py). Uncounted, idle sessions of long histories each held their last parse whatever
         the budget (in bench/faults.py, 100 of up to ~280 KB: 52 MB)."""
-        held = extended_total(state.walks.setdefault("held sums", []), messages, held_total) if carried else 0
+        held = extended_total(state.walks.setdefault("held sums", []), messages, held_total,
+                              min_length=1) if carried else 0
         self.grow(state, held - state.carried_bytes)
         state.carried_bytes = held
 

@@ -22,10 +22,12 @@ Summed = list[tuple[list[dict[str, Any]], int]]  # (a copy of the list, its tota
 
 
 def extended_total(recent: Summed, messages: list[dict[str, Any]],
-                   total_of: Callable[[list[dict[str, Any]]], int]) -> int:
+                   total_of: Callable[[list[dict[str, Any]]], int], min_length: int = MIN_LENGTH) -> int:
     """The total of `messages`: a remembered list's total plus `total_of` the messages past it when
-    `messages` starts with it, else `total_of(messages)`. Remembers `messages` and its total."""
-    if len(messages) < MIN_LENGTH:
+    `messages` starts with it, else `total_of(messages)`. Remembers `messages` and its total. A list
+    shorter than `min_length` (at least 1) is summed outright: worth it where a message's part of the total
+    is a lookup (token counts), not where it is a walk of its objects (the memory it holds)."""
+    if len(messages) < min_length:
         return total_of(messages)
     for place, (earlier, total) in enumerate(recent):
         length = len(earlier)

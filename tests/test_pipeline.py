@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from proxy import budget, pipeline
+from proxy import state as state_module
 from proxy.errors import ContextLengthExceeded
 from proxy.held_memory import held_total
 from proxy.layers.tool_results import SUMMARY
@@ -253,6 +254,24 @@ def test_a_last_message_decoded_anew_but_equal_still_lets_the_next_request_onto_
             ran = False
         assert ran is on_the_loop
         pipeline.run(pipeline.Conversation(MODEL, first, None), context(live, loaded))  # (back to `first`)
+
+
+def test_a_short_resent_history_walks_only_its_new_messages_for_their_memory(monkeypatch) -> None:
+    """A session's carried memory is summed past what its previous request summed, however few its
+    messages (a walk of every object of every message each turn cost Claude-style sessions ~40 µs)."""
+    walked: list[int] = []
+    monkeypatch.setattr(state_module, "held_total", lambda messages: walked.append(len(messages))
+                        or held_total(messages))
+    loaded = LoadedPolicy("t", Policy.model_validate({"window": {"enabled": False}}), None)
+    store = StateStore()
+    history: list[dict[str, Any]] = [{"role": "user", "content": "task " * 3000}]
+    for turn in range(4):
+        history = [*history, {"role": "assistant", "content": f"step {turn}"},
+                   {"role": "user", "content": f"go {turn}"}]
+        ctx = pipeline.PipelineContext(loaded, Session("short", "header"), "tenant-a", TOKENS, store)
+        pipeline.run(pipeline.Conversation(MODEL, history, None), ctx)
+        assert store.get("tenant-a", "short").carried_bytes == held_total(history)
+    assert walked == [3, 2, 2, 2]
 
 
 def test_idle_sessions_of_long_histories_stay_within_the_state_budget() -> None:

@@ -39,8 +39,9 @@ steps = st.lists(st.tuples(st.sampled_from(["extend", "cut", "edit_after", "swap
 
 
 @settings(max_examples=300, deadline=None)
-@given(steps, st.integers(min_value=60, max_value=140))
-def test_the_total_is_always_what_a_full_sum_gives(script: list[tuple[str, int]], start: int) -> None:
+@given(steps, st.integers(min_value=1, max_value=140), st.sampled_from([1, token_sums.MIN_LENGTH]))
+def test_the_total_is_always_what_a_full_sum_gives(script: list[tuple[str, int]], start: int,
+                                                   min_length: int) -> None:
     pool = [{"content": "x" * (n % 17)} for n in range(400)]
     recent: Summed = []
     current = pool[:start]
@@ -57,11 +58,11 @@ def test_the_total_is_always_what_a_full_sum_gives(script: list[tuple[str, int]]
             current[n % len(current)] = dict(current[n % len(current)])
         elif action == "other":
             current = pool[n:n + 70]
-        got = extended_total(recent, current, total_of)
+        got = extended_total(recent, current, total_of, min_length)
         assert got == total_of(current)
         if action == "edit_after":  # a list changed in place after its total was taken
             current[n % len(current)] = {"content": "edited in place" * 3}
-            assert extended_total(recent, current, total_of) == total_of(current)
+            assert extended_total(recent, current, total_of, min_length) == total_of(current)
 
 
 def test_a_resent_history_sums_only_what_is_new() -> None:
@@ -77,6 +78,9 @@ def test_a_resent_history_sums_only_what_is_new() -> None:
     short = history[:token_sums.MIN_LENGTH - 1]
     extended_total(recent, short, spy)
     assert asked[-1] == len(short)  # (a short list is summed outright)
+    extended_total(recent, short, spy, min_length=1)
+    extended_total(recent, history[:token_sums.MIN_LENGTH], spy, min_length=1)
+    assert asked[-2:] == [len(short), 1]  # unless told otherwise (a walk a message): then only the new one
 
 
 def test_the_same_list_asked_for_again_keeps_the_others_remembered() -> None:
