@@ -23,6 +23,7 @@ class EventSplitter:
 
     def __init__(self) -> None:
         self._buffer = bytearray()
+        self._cr = False  # a carriage return seen: the stream may use the other two separators
 
     def feed(self, chunk: bytes) -> list[bytes]:
         return self.feed_raw(chunk)[1]
@@ -33,6 +34,9 @@ class EventSplitter:
         # What is buffered holds no separator: one can only end in the new bytes.
         scan = max(0, len(buffer) - 3)
         buffer += chunk
+        if not self._cr and b"\r" not in chunk:
+            return self._feed_lf(buffer, scan)
+        self._cr = True
         events: list[bytes] = []
         found = {separator: buffer.find(separator, scan) for separator in SEPARATORS}
         start = 0
@@ -49,6 +53,18 @@ class EventSplitter:
         complete = bytes(buffer[:start])
         del buffer[:start]
         return complete, events
+
+    @staticmethod
+    def _feed_lf(buffer: bytearray, scan: int) -> tuple[bytes, list[bytes]]:
+        """`feed_raw` for a stream with only `\\n\\n` between its events (what providers send): one split in C
+        where the loop above costs each event a few Python steps (~2 µs)."""
+        if buffer.find(b"\n\n", scan) < 0:
+            return b"", []
+        whole = bytes(buffer)
+        events = whole.split(b"\n\n")  # (leftmost first, as the loop cuts)
+        cut = len(whole) - len(events.pop())
+        del buffer[:cut]
+        return whole[:cut], events
 
     def rest(self) -> bytes:
         return bytes(self._buffer)
