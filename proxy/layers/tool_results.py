@@ -7,6 +7,7 @@ on every later request, so the forwarded prefix stays byte-stable for prompt cac
 from __future__ import annotations
 
 import bisect
+import itertools
 import operator
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -265,14 +266,23 @@ MIN_LATER_TURNS, MAX_LATER_TURNS = 2, 30
 def _pays_off(messages: list[dict[str, Any]], waiting: list[Waiting], count: Callable[[dict[str, Any]], int],
               tools_tokens: int, new_from: int) -> bool:
     """Offering the tools re-bills the cached prefix (~10x its cached price, once). A summary saves its
-    tokens at full price on this request if its result is new, and a tenth of them on every later one."""
-    turns = sum(1 for m in messages if m.get("role") == "assistant")
-    later = min(max(turns, MIN_LATER_TURNS), MAX_LATER_TURNS)
+    tokens at full price on this request if its result is new, and a tenth of them on every later one.
+
+    Asked every request while a first summary waits, so neither walk goes further than it must: the
+    turns are counted up to the most that counts, the prefix summed until it outweighs the benefit."""
+    assistant_turns = (m for m in messages if m.get("role") == "assistant")
+    later = max(sum(1 for _ in itertools.islice(assistant_turns, MAX_LATER_TURNS)), MIN_LATER_TURNS)
     benefit = 0.0
     for index, _, (_, summary), _ in waiting:
         saved = count(messages[index]) - count({**messages[index], "content": summary})
         benefit += saved * ((1.0 if index >= new_from else 0.0) + 0.1 * later)
-    cached = (tools_tokens + sum(count(m) for m in messages[:new_from])) if new_from else 0
+    if not new_from:
+        return benefit >= 0
+    cached = tools_tokens
+    for message in itertools.islice(messages, new_from):
+        if CACHED_SHARE_LOST * cached > benefit:
+            return False  # (the sum only grows)
+        cached += count(message)
     return benefit >= CACHED_SHARE_LOST * cached
 
 

@@ -201,3 +201,64 @@ def test_a_session_no_batch_is_certain_for_carries_layer_ones_walk() -> None:
     assert store.get("tenant-a", "s1").window.cut is None and outcome.decided  # no cut; summaries made
     assert outcome.tokens_before > 16_000 * 0.8  # (over the budget before layer 1)
     assert len(looked_up) <= 3  # the new result (looked up, recorded, applied), not the 21 before it
+
+
+def _pays_off_as_written_before(messages: list[dict[str, Any]], waiting: list[Any], count: Any,
+                                tools_tokens: int, new_from: int) -> bool:
+    """The rule with both walks whole (the oracle the early exits are held to)."""
+    turns = sum(1 for m in messages if m.get("role") == "assistant")
+    later = min(max(turns, tool_results.MIN_LATER_TURNS), tool_results.MAX_LATER_TURNS)
+    benefit = 0.0
+    for index, _, (_, summary), _ in waiting:
+        saved = count(messages[index]) - count({**messages[index], "content": summary})
+        benefit += saved * ((1.0 if index >= new_from else 0.0) + 0.1 * later)
+    cached = (tools_tokens + sum(count(m) for m in messages[:new_from])) if new_from else 0
+    return benefit >= tool_results.CACHED_SHARE_LOST * cached
+
+
+def _weigh(message: dict[str, Any]) -> int:
+    return len(str(message.get("content", ""))) + 3
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["user", "assistant", "tool"]), st.integers(0, 3000)),
+                min_size=1, max_size=80),
+       st.lists(st.tuples(st.integers(0, 79), st.integers(0, 400)), max_size=4),
+       st.integers(0, 5000), st.integers(0, 80))
+def test_whether_summaries_pay_off_is_what_both_whole_walks_say(
+        shape: list[tuple[str, int]], picks: list[tuple[int, int]], tools_tokens: int, new_from: int) -> None:
+    messages = [{"role": role, "content": "x" * size} for role, size in shape]
+    waiting = [(index % len(messages), ("c", "k"), ("h", "s" * size), None) for index, size in picks]
+    new_from = min(new_from, len(messages))
+    assert tool_results._pays_off(messages, waiting, _weigh, tools_tokens, new_from) \
+        == _pays_off_as_written_before(messages, waiting, _weigh, tools_tokens, new_from)
+
+
+def test_a_summary_that_cannot_pay_yet_is_told_without_summing_the_whole_history() -> None:
+    """Asked every request while a first summary waits: a long prefix that outweighs it early is not
+    summed to its end, nor its turns counted past the most that count."""
+    history = [{"role": "assistant" if n % 2 else "user", "content": f"turn {n} " * 50} for n in range(2000)]
+    history.append({"role": "tool", "content": "result " * 2000})
+    asked: list[int] = []
+
+    def count(message: dict[str, Any]) -> int:
+        asked.append(1)
+        return _weigh(message)
+    roles: list[str] = []
+    watched = [_Watched(m, roles) for m in history]
+    waiting = [(len(history) - 1, ("c", "k"), ("h", "short"), None)]
+    assert not tool_results._pays_off(watched, waiting, count, 1000, len(history) - 1)
+    assert len(asked) < 200 and len(roles) < 200
+
+
+class _Watched(dict):
+    """A message noting each time its role is read."""
+
+    def __init__(self, message: dict[str, Any], roles: list[str]) -> None:
+        super().__init__(message)
+        self._roles = roles
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key == "role":
+            self._roles.append(key)
+        return super().get(key, default)
