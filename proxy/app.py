@@ -7,7 +7,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -27,6 +27,7 @@ from proxy.exchange_end import (
     ctxproxy_headers,
     exchange_record,
     finish,
+    finish_soon,
     on_archived,
     overhead,
     spend_recorder,
@@ -167,10 +168,10 @@ async def converse(request: Request, wire: WireFormat) -> Response:
     sent_at: float | None = None  # a plain stream: when it was sent (its record is made once it answers)
     headers_ms = 0.0
 
-    async def done() -> None:  # the end of a stream (relay.archived awaits it however the stream ends)
-        if sent_at is not None and rc.records and not rc.records[-1].upstream_ms:
+    def done() -> Awaitable[None] | None:  # the end of a stream (relay.archived calls it however the stream
+        if sent_at is not None and rc.records and not rc.records[-1].upstream_ms:  # ends)
             rc.records[-1].upstream_ms = (time.perf_counter() - sent_at) * 1000  # to the last byte
-        await finish(state, wire, rc.records, started, policy.name, outcome, rc.calls)
+        return finish_soon(state, wire, rc.records, started, policy.name, outcome, rc.calls)
 
     try:
         if decoded.stream:

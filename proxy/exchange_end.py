@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -66,6 +66,18 @@ async def finish(state: ProxyState, wire: WireFormat, records: list[ExchangeReco
                  policy: str, outcome: Outcome | None = None, calls: Counter[str] | None = None) -> None:
     """Account for the exchange(s) and hand them to the archive. Returns once they are durable (in the
     archive's spool), so an answered exchange survives a crash; a busy writer makes us wait."""
+    rest = finish_soon(state, wire, records, started, policy, outcome, calls)
+    if rest is not None:
+        await rest
+
+
+def finish_soon(state: ProxyState, wire: WireFormat, records: list[ExchangeRecord], started: float,
+                policy: str, outcome: Outcome | None = None,
+                calls: Counter[str] | None = None) -> Coroutine[Any, Any, None] | None:
+    """`finish` as far as it goes without waiting: None when the archive took the records at once (a
+    spool append that will not wait, most exchanges), else what is left to await (the records spooled
+    from a worker thread). Nothing done here can be interrupted (it never suspends): a stream's end
+    needs no cancel scope around it but for what is left."""
     metrics = state.metrics
     elapsed_ms = (time.perf_counter() - started) * 1000
     upstream_ms = sum(r.upstream_ms for r in records)
@@ -91,8 +103,14 @@ async def finish(state: ProxyState, wire: WireFormat, records: list[ExchangeReco
     elif len(records) == 1 and _small_answer(records[0]):  # a resent history: only its new part is spooled
         spooled = archive.submit_small(records[0], INLINE_BYTES)
     if spooled is None:
-        spooled = await anyio.to_thread.run_sync(archive.submit_many, records)
+        return _spooled_in_thread(state, records)
     metrics.archived_bytes.inc(spooled)
+    return None
+
+
+async def _spooled_in_thread(state: ProxyState, records: list[ExchangeRecord]) -> None:
+    spooled = await anyio.to_thread.run_sync(state.archive.submit_many, records)
+    state.metrics.archived_bytes.inc(spooled)
 
 
 def _small(record: ExchangeRecord) -> bool:

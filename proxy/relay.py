@@ -39,8 +39,20 @@ async def open_and_read(upstream: Upstream, headers: dict[str, str], content: by
     return response, body, rest
 
 
+Done = Callable[[], Awaitable[None] | None]  # a stream's end: what is left to await, if anything
+
+
+async def _ended(on_done: Done) -> None:
+    """Call a stream's `on_done`; what it leaves to await is shielded from cancellation (the end of a
+    stream that is done at once, most, never suspends: nothing to shield)."""
+    rest = on_done()
+    if rest is not None:
+        with anyio.CancelScope(shield=True):
+            await rest
+
+
 async def relay_rest(first: bytes, rest: AsyncIterator[bytes], record: ExchangeRecord,
-                     on_done: Callable[[], Awaitable[None]]) -> AsyncIterator[bytes]:
+                     on_done: Done) -> AsyncIterator[bytes]:
     """An answer over the size cap: its first bytes, then the rest as it comes (never held in memory).
     A break mid-way aborts the response, so the client's HTTP library sees a cut body, not a clean end."""
     started = time.perf_counter()
@@ -53,8 +65,7 @@ async def relay_rest(first: bytes, rest: AsyncIterator[bytes], record: ExchangeR
         raise
     finally:
         record.upstream_ms += (time.perf_counter() - started) * 1000
-        with anyio.CancelScope(shield=True):
-            await on_done()
+        await _ended(on_done)
 
 
 async def relay_stream(response: UpstreamResponse, record: ExchangeRecord, cap: int,
@@ -119,7 +130,7 @@ def _event_start(data: bytes, at: int) -> int:
 
 
 async def archived(events: AsyncIterator[bytes], records: list[ExchangeRecord],
-                   on_done: Callable[[], Awaitable[None]], ends: tuple[bytes, ...] = CHAT_ENDS,
+                   on_done: Done, ends: tuple[bytes, ...] = CHAT_ENDS,
                    error_event: ErrorEvent = faults.error_event) -> AsyncIterator[bytes]:
     """Wrap a stream so its exchanges are archived however it ends (done, failed, client gone).
 
@@ -153,7 +164,6 @@ async def archived(events: AsyncIterator[bytes], records: list[ExchangeRecord],
             records[-1].error = "client disconnected during the stream"
         raise
     finally:
-        with anyio.CancelScope(shield=True):
-            await on_done()
+        await _ended(on_done)
     if held is not None:
         yield held

@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import anyio
 import orjson
 
 from proxy import faults, telemetry
@@ -133,8 +132,7 @@ async def stream(rc: RoundsContext, first: UpstreamResponse, framer: Framer) -> 
         record.status, record.error = exc.status, exc.message
         yield framer.refusal(exc)
     finally:
-        with anyio.CancelScope(shield=True):
-            await response.aclose()
+        await response.aclose()  # (never suspends: no cancellation can cut it short)
 
 
 class ChatFramer:

@@ -103,8 +103,7 @@ async def passthrough(request: Request) -> Response:
             async for chunk in response.aiter_raw():
                 yield chunk
         finally:
-            with anyio.CancelScope(shield=True):
-                await response.aclose()
+            await response.aclose()  # (never suspends: no cancellation can cut it short)
 
     return StreamedResponse(body(), status_code=response.status_code,
                              headers=response_headers(response.headers, keep_length=True))

@@ -106,7 +106,8 @@ class UpstreamResponse:
         return b"".join(parts)
 
     async def aclose(self) -> None:
-        """Give the connection back (to the pool when the body was read whole, else closed). Idempotent."""
+        """Give the connection back (to the pool when the body was read whole, else closed). Idempotent.
+        Never suspends (no await in it): a relay's `finally` needs no cancel scope around it."""
         if self._closed_at is not None:
             return
         self._closed_at = time.perf_counter()

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -33,6 +34,34 @@ def relay(reads: list[bytes], ends: tuple[bytes, ...] = CHAT_ENDS) -> list[bytes
 
     asyncio.run(run())
     return order
+
+
+def test_a_stream_whose_end_is_done_at_once_and_one_that_leaves_work_both_end_archived() -> None:
+    """`on_done` archives what it can at once (None: nothing left) or returns what is left to await (the
+    records spooled from a thread): either way the closing event goes out after the archive has it."""
+    order: list[Any] = []
+
+    async def events() -> AsyncIterator[bytes]:
+        yield b"data: {}\n\ndata: [DONE]\n\n"
+
+    async def left() -> None:
+        await asyncio.sleep(0)
+        order.append("archived later")
+
+    def at_once() -> None:
+        order.append("archived")
+
+    def leaving() -> Coroutine[Any, Any, None]:
+        return left()
+
+    async def run(on_done: Any) -> None:
+        async for chunk in archived(events(), [], on_done):
+            order.append(chunk)
+
+    asyncio.run(run(at_once))
+    asyncio.run(run(leaving))
+    assert order == [b"data: {}\n\n", "archived", b"data: [DONE]\n\n",
+                     b"data: {}\n\n", "archived later", b"data: [DONE]\n\n"]
 
 
 def test_events_read_together_with_the_end_go_out_before_the_archive_has_them() -> None:

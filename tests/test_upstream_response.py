@@ -15,6 +15,7 @@ from proxy.upstream_response import (
     ReadError,
     ReadTimeout,
     RemoteProtocolError,
+    UpstreamResponse,
     transport_error,
 )
 
@@ -63,3 +64,31 @@ def test_headers_read_case_insensitively_with_repeats_joined():
     # relayed: minus hop-by-hop, minus what the Connection header names, minus Date (our server sets it)
     assert response_headers(headers, keep_length=False) == {
         "content-type": "text/event-stream", "set-cookie": "a=1, b=2", "x-request-id": "req_1"}
+
+
+class _Raw:
+    """What closing touches of aiohttp's response."""
+
+    status = 200
+    headers = CIMultiDictProxy(CIMultiDict())
+
+    def __init__(self, read_whole: bool) -> None:
+        self.content = type("Content", (), {"at_eof": staticmethod(lambda: read_whole)})()
+        self.released = self.closed = 0
+
+    def release(self) -> None:
+        self.released += 1
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+@pytest.mark.parametrize("read_whole", [True, False])
+def test_closing_never_suspends_so_no_cancellation_can_cut_it_short(read_whole):
+    """Relays close their upstream response in `finally` without a cancel scope around it (one cost
+    ~5 µs a response): that holds while closing runs to its end in one step."""
+    raw = _Raw(read_whole)
+    closing = UpstreamResponse(raw, 0.0, None).aclose()  # type: ignore[arg-type]
+    with pytest.raises(StopIteration):
+        closing.send(None)
+    assert (raw.released, raw.closed) == ((1, 0) if read_whole else (0, 1))
