@@ -11,6 +11,7 @@ deterministic: the same messages give the same memory and the same block, byte f
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,9 +104,20 @@ class WorkingMemory:
 
 def _calls_from(messages: Sequence[Any], start: int) -> int:
     """Where the walk must begin so that every result from `start` on finds the latest call with its id:
-    back from `start` until each of those ids was seen once (a resent history costs what is new)."""
-    missing = {m["tool_call_id"] for m in messages[start:]
-               if isinstance(m, dict) and m.get("role") == "tool" and isinstance(m.get("tool_call_id"), str)}
+    back from `start` until each of those ids was seen once (a resent history costs what is new). A
+    result whose call came after `start` (a turn's new call and its result, most) is found by the walk
+    forward: looking back for it went to the start of the history every turn."""
+    missing: set[str] = set()
+    called: set[Any] = set()
+    for message in itertools.islice(messages, start, None):
+        if not isinstance(message, dict):
+            continue
+        role = message.get("role")
+        if role == "assistant" and isinstance(calls := message.get("tool_calls"), list):
+            called.update(c.get("id") for c in calls if isinstance(c, dict))
+        elif role == "tool" and isinstance(call_id := message.get("tool_call_id"), str) \
+                and call_id not in called:
+            missing.add(call_id)
     index = start
     while index > 0 and missing:
         index -= 1

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.layers import working_memory
 from proxy.layers.working_memory import (
     MAX_CONTENT_CHARS,
     MAX_PER_RESULT,
@@ -470,6 +471,19 @@ def test_observe_messages_from_start_still_knows_earlier_calls():
     observe_messages(whole, messages)
     observe_messages(tail, messages, start=3)
     assert ids(whole) == ["#W2", "#W1"] and ids(tail) == ["#W2"]
+
+
+def test_a_turns_new_call_and_its_result_are_observed_without_looking_back():
+    """A resent history's new turn holds the call and its result: the walk starts at the new part (it
+    went back to the start of the history every turn, looking for a call the new part holds)."""
+    messages: list[dict[str, Any]] = []
+    for n in range(200):
+        messages += [{"role": "assistant", "content": None, "tool_calls": [call(f"c{n}", "get_order", {})]},
+                     {"role": "tool", "tool_call_id": f"c{n}", "content": dumps({"order_id": f"#W{n}"})}]
+    assert working_memory._calls_from(messages, 398) == 398
+    assert working_memory._calls_from(messages, 399) == 398  # (its call is just before the part)
+    late = [*messages, {"role": "tool", "tool_call_id": "c5", "content": "{}"}]  # an old call's late result
+    assert working_memory._calls_from(late, 400) == 10
 
 
 def test_saved_memories_of_the_first_format_still_load():
