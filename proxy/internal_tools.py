@@ -79,7 +79,23 @@ def with_internal_tools(client_tools: list[Any] | None, *, read: bool, recall: b
 
 
 def client_defines_internal_name(client_tools: list[Any] | None) -> bool:
-    return any(tool_name(spec) in INTERNAL_NAMES for spec in client_tools or ())
+    if not client_tools:
+        return False
+    # Asked two or three times a request of the same list: a resent body's tools are the very list of its
+    # earlier parse (wire/resent.py), and Claude Code's twenty-odd tools cost each ask a walk. Nothing
+    # edits a parsed list in place; the list is held, so its id is not another's.
+    known = _DEFINES.get(id(client_tools))
+    if known is not None and known[0] is client_tools and known[1] == len(client_tools):
+        return known[2]
+    found = any(tool_name(spec) in INTERNAL_NAMES for spec in client_tools)
+    if len(_DEFINES) >= _DEFINES_KEPT:
+        _DEFINES.clear()
+    _DEFINES[id(client_tools)] = (client_tools, len(client_tools), found)
+    return found
+
+
+_DEFINES: dict[int, tuple[list[Any], int, bool]] = {}  # by id: (the list, its length, the answer)
+_DEFINES_KEPT = 64  # tools lists remembered (about one per active session)
 
 
 def is_internal_call(call: dict[str, Any]) -> bool:
