@@ -11,7 +11,6 @@ deterministic: the same messages give the same memory and the same block, byte f
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,7 +108,7 @@ def _calls_from(messages: Sequence[Any], start: int) -> int:
     forward: looking back for it went to the start of the history every turn."""
     missing: set[str] = set()
     called: set[Any] = set()
-    for message in itertools.islice(messages, start, None):
+    for message in messages[start:]:  # (a slice: islice would step over the first `start` one by one)
         if not isinstance(message, dict):
             continue
         role = message.get("role")
