@@ -67,7 +67,8 @@ class _Body:
         # counting the bytes alone let the cache hold several times its budget).
         self.cost = len(raw) + keys_held + (layout.held[-1] if layout.held else 0)
         self.derived_cost = 0  # of it: what a codec made of it holds (wire/decoded_prefix.py)
-        first_end = layout.ends[0]  # (a remembered body has elements) and the bytes just before it
+        # where its first element ends and the bytes just before it (a remembered body has elements)
+        first_end = layout.ends[0] if layout.ends else 0
         self._first = (first_end, raw[first_end - _WINDOW:first_end] if first_end >= _WINDOW else None)
 
     def same_after(self, raw: bytes, closing: int) -> bool:
