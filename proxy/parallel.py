@@ -2,7 +2,7 @@
 
 tiktoken's encoder releases the GIL while it encodes, so threads that each count a part of a history
 run at once. How much that buys depends on the cores: a 2 MB session's 475k tokens took ~260 → ~160 ms
-on this 2-core VM on 2026-11-24, and 115–119 → 108–112 ms for 1.7 times the CPU on 2026-12-07 (when
+on this 2-core VM on 2026-11-24, and 115-119 → 108-112 ms for 1.7 times the CPU on 2026-12-07 (when
 hashing and compressing, which let the GIL go, ran only 1.5 times as fast in two threads as in one).
 Only a first sight counts this much at once. Parts are contiguous runs of about equal size; the
 calling thread counts the first itself, a shared pool the others.
