@@ -5,9 +5,12 @@ from __future__ import annotations
 import itertools
 
 import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy import pipeline
 from proxy.internal_tools import READ_TOOL_RESULT, ToolContext, execute
+from proxy.layers import observations
 from proxy.layers.observations import Observations, handle_for, task_end
 from proxy.policy import LoadedPolicy, Policy
 from proxy.session import Session
@@ -232,3 +235,43 @@ def test_a_cache_break_carries_the_whole_batch():
         previous = outcome
     assert len(breaks) >= 2
     assert min(b - a for a, b in itertools.pairwise(breaks)) >= 5
+
+
+_OPENING_KINDS = [
+    {"role": "system", "content": "You are an agent."},
+    {"role": "developer", "content": "Be terse."},
+    {"role": "user", "content": "hi"},
+    {"role": "user", "content": "Fix the failing test in payments/tests/test_refund.py, please."},
+    {"role": "assistant", "content": "How can I help?"},
+    {"role": "assistant", "content": "```bash\nls\n```"},
+    {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+                                                          "function": {"name": "ls", "arguments": "{}"}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "a.py"},
+]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.lists(st.integers(0, len(_OPENING_KINDS) - 1), max_size=9), min_size=1, max_size=6),
+       st.lists(st.integers(0, 9), min_size=1, max_size=6), st.booleans())
+def test_a_remembered_task_end_is_what_reading_the_list_says(lists: list[list[int]], cuts: list[int],
+                                                            copies: bool) -> None:
+    """Lists that open with the same messages (the very objects, or equal copies) and then part, or end
+    early: the remembered answer is always what reading the list gives."""
+    shared = [dict(_OPENING_KINDS[k]) for k in lists[0]]
+    for kinds, cut in zip(lists, itertools.cycle(cuts)):
+        opening = [dict(m) for m in shared[:cut]] if copies else shared[:cut]
+        messages = [*opening, *(dict(_OPENING_KINDS[k]) for k in kinds)]
+        assert task_end(messages) == observations._task_end(messages)[0]
+
+
+def test_the_task_end_of_a_resent_history_is_not_read_again(monkeypatch) -> None:
+    """Asked about six times a request, of lists opening with the same messages: read once."""
+    history = [{"role": "system", "content": "agent"},
+               {"role": "user", "content": "Fix the failing refund test in payments/app.py, please."},
+               *({"role": "user" if n % 2 else "assistant", "content": f"step {n}"} for n in range(40))]
+    reads: list[int] = []
+    real = observations._task_end
+    monkeypatch.setattr(observations, "_task_end", lambda messages: reads.append(1) or real(messages))
+    for end in range(10, 40):
+        assert task_end(history[:end]) == 2
+    assert len(reads) <= 1
