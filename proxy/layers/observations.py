@@ -113,7 +113,7 @@ def _task_end(messages: list[dict[str, Any]]) -> tuple[int, int]:
             and not messages[index].get("tool_calls"):
         index += 1
     if index >= len(messages) or messages[index].get("role") != "user":
-        return opening, min(index, len(messages))  # no task statement to protect (a pure tool loop)
+        return opening, index  # no task statement to protect (a pure tool loop; index ≤ len(messages))
     run_start = index
     while index < len(messages) and messages[index].get("role") == "user":
         index += 1
