@@ -4,6 +4,7 @@ outside strings without parsing the elements (wire/resent.py reuses a resent bod
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,9 +29,10 @@ class Layout:
     closing: int = -1  # the offset just past the array's `]` (-1: not known)
 
 
-def layout_of(raw: bytes, key: str, count: int) -> Layout | None:
+def layout_of(raw: bytes, key: str, count: int, values: Sequence[Any] | None = None) -> Layout | None:
     """Where the top-level array under `key` and each of its `count` elements end, or None when the
-    body's shape is not one this can reuse (the key twice, elements that are not objects or arrays)."""
+    body's shape is not one this can reuse (the key twice, elements that are not objects or arrays).
+    `values`: the elements as parsed, when the caller has them (element_ends)."""
     depth, found, position = 0, None, 0
     scanning = True
     while scanning:
@@ -43,7 +45,8 @@ def layout_of(raw: bytes, key: str, count: int) -> Layout | None:
                 opening = _ARRAY_OPEN.match(raw, match.end())
                 if found is not None or opening is None:
                     return None
-                scanned = elements(raw, opening.end())
+                scanned = element_ends(raw, opening.end(), values) if values is not None \
+                    and len(values) == count else elements(raw, opening.end())
                 if scanned is None or len(scanned[0]) != count:
                     return None
                 found, position, scanning = (opening.end() - 1, scanned[0], scanned[1]), scanned[1], True
@@ -89,3 +92,29 @@ def elements(raw: bytes, position: int) -> tuple[list[int], int] | None:
         if depth == 0:
             ends.append(match.end())
     return None
+
+
+def element_ends(raw: bytes, position: int, values: Sequence[Any]) -> tuple[list[int], int] | None:
+    """`elements(raw, position)` for an array whose elements from `position` on parse to `values`: where
+    their bytes are their compact serialization (what Claude Code, Codex and the OpenAI SDKs send), each
+    is told by one comparison of bytes instead of scanning every string in it (~8 times as quick on
+    agent messages); from the first that is not (spaces, other escapes), the scan goes on.
+
+    Exact: a JSON object or array ends where its brackets balance, so bytes that are a whole value's
+    serialization, where that value begins, are all of it."""
+    ends: list[int] = []
+    at = position
+    for value in values:
+        if type(value) is not dict and type(value) is not list:
+            return None  # (as the scan: only brackets are tracked)
+        start = at + 1 if raw[at:at + 1] == b"," else at  # (after an element; `values` parsed from `raw`)
+        dumped = orjson.dumps(value)
+        if not raw.startswith(dumped, start):
+            break
+        at = start + len(dumped)
+        ends.append(at)
+    else:
+        if raw[at:at + 1] == b"]":
+            return ends, at + 1
+    scanned = elements(raw, at)  # (from the last element told, or from the array's start)
+    return None if scanned is None else (ends + scanned[0], scanned[1])

@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 
 from proxy.held_memory import held_bytes
-from proxy.wire.json_layout import Layout, elements, layout_of
+from proxy.wire.json_layout import Layout, element_ends, layout_of
 from proxy.wire.splice import Spans
 
 # A smaller body is parsed whole every request: tens of microseconds, and its few dozen messages, new
@@ -44,6 +44,7 @@ Group = tuple[str, str, bytes]
 
 _TAIL_KEY = "\x00resent"
 _TAIL_OPEN = b'{"\\u0000resent":[0'
+_CLOSE = 0x5D  # ]
 
 
 @dataclass
@@ -269,7 +270,7 @@ class ResentBodies:
         reused part only). Returns where they lie (None for a small body or an odd shape)."""
         if len(raw) < self.min_bytes or not self.limit_bytes or type(body.get(key)) is not list:
             return None
-        layout = layout_of(raw, key, len(body[key]))
+        layout = layout_of(raw, key, len(body[key]), body[key])
         if layout is not None and layout.ends and all(k in body for k in layout.head):
             layout.head = {k: body[k] for k in layout.head}  # the body's own objects, as for messages
             layout.held = list(itertools.accumulate(map(held_bytes, body[key])))
@@ -337,24 +338,35 @@ def _parse_after(raw: bytes, key: str, earlier: _Body, reused: int,
     the new elements' end offsets (None if not told), the offset past the `]` (-1), and that sameness."""
     layout = earlier.layout
     start = layout.ends[reused - 1]
-    scanned = elements(raw, start)
-    closing = scanned[1] if scanned is not None else -1
-    same_after = closing >= 0 and earlier.same_after(raw, closing)
-    try:
-        tail = orjson.loads(_TAIL_OPEN + (raw[start:closing] + b"}" if same_after else raw[start:]))
-    except orjson.JSONDecodeError:
-        return None  # not JSON, or something only the full parse reports well: leave it to that
-    if type(tail) is not dict:
-        return None
+    # Where the array ends if the bytes after it are the earlier body's: the one place they can be.
+    closing = len(raw) - (len(earlier.raw) - layout.closing) if layout.closing >= 0 else -1
+    same_after = start < closing and raw[closing - 1] == _CLOSE and earlier.same_after(raw, closing)
+    tail = _tail(raw[start:closing] + b"}") if same_after else None
+    if tail is None or len(tail) != 1:  # (more keys before those bytes: the array ends earlier)
+        same_after, tail = False, _tail(raw[start:])
+        if tail is None:
+            return None  # not JSON, or something only the full parse reports well: leave it to that
     rest = tail.pop(_TAIL_KEY, None)
     if type(rest) is not list or not rest or rest[0] != 0 or key in tail \
             or any(k in layout.head for k in tail):
         return None  # a duplicate key: the full parse decides which one counts
+    scanned = element_ends(raw, start, rest[1:])
     if same_after:  # the same bytes parse the same: the objects checked and counted before, not copies
+        if scanned is None or scanned[1] != closing:
+            return None  # (cannot be: those bytes parsed as the array's end)
         tail = {k: v for k, v in earlier.body.items() if k != key and k not in layout.head}
     ends = scanned[0] if scanned is not None and len(scanned[0]) == len(rest) - 1 else None
     body = {**layout.head, key: earlier.body[key][:reused] + rest[1:], **tail}
-    return body, ends, closing if ends is not None else -1, same_after
+    return body, ends, scanned[1] if scanned is not None and ends is not None else -1, same_after
+
+
+def _tail(continuation: bytes) -> dict[str, Any] | None:
+    """The array's continuation and the keys after it, parsed under the sentinel key (None: not JSON)."""
+    try:
+        tail = orjson.loads(_TAIL_OPEN + continuation)
+    except orjson.JSONDecodeError:
+        return None
+    return tail if type(tail) is dict else None
 
 
 def _keys_held(body: dict[str, Any], key: str) -> int:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.wire.json_layout import elements, layout_of
+from proxy.wire import json_layout
+from proxy.wire.json_layout import element_ends, elements, layout_of
 from tests.strategies import dump_styled as dump
 from tests.strategies import json_styles as styles
 
@@ -40,3 +43,30 @@ def test_shapes_it_cannot_tell_are_none() -> None:
     assert layout_of(b'{"messages":["text"]}', "messages", 1) is None  # a string element
     assert layout_of(b'{"messages":[{}]}', "messages", 2) is None  # not the count asked for
     assert layout_of(b'{"other":[{}]}', "messages", 1) is None
+
+
+@given(st.lists(element, min_size=1, max_size=6), keys, styles, st.integers(0, 6))
+def test_told_by_serialization_or_scanned_the_ends_are_the_same(items: list[dict[str, Any]],
+                                                                 after: dict[str, Any], style: str,
+                                                                 skip: int) -> None:
+    """From the array's start or after any element, whatever the body's spacing and escapes."""
+    raw = dump({"messages": items, **{k: v for k, v in after.items() if k != "messages"}}, style)
+    layout = layout_of(raw, "messages", len(items))
+    assert layout is not None
+    skip = min(skip, len(items))
+    position = layout.ends[skip - 1] if skip else layout.opening
+    parsed = orjson.loads(raw)["messages"]
+    assert element_ends(raw, position, parsed[skip:]) == elements(raw, position)
+    assert layout_of(raw, "messages", len(items), parsed) == layout
+
+
+def test_compact_elements_are_told_without_a_scan(monkeypatch: pytest.MonkeyPatch) -> None:
+    items = [{"role": "user", "content": 'a "quoted" [bracket] and \\ é ' * 50}, {"role": "assistant",
+             "content": [{"type": "text", "text": "}]}"}]}]
+    raw = orjson.dumps({"model": "m", "messages": items, "tools": []})
+    expected = elements(raw, raw.index(b"[") + 1)
+    monkeypatch.setattr(json_layout, "elements", lambda *_: pytest.fail("scanned"))
+    assert element_ends(raw, raw.index(b"[") + 1, orjson.loads(raw)["messages"]) == expected
+    spaced = json.dumps({"messages": items}).encode()  # ", " and ": ": the scan takes over
+    monkeypatch.undo()
+    assert element_ends(spaced, spaced.index(b"[") + 1, items) == elements(spaced, spaced.index(b"[") + 1)
