@@ -108,7 +108,10 @@ def element_ends(raw: bytes, position: int, values: Sequence[Any]) -> tuple[list
         if type(value) is not dict and type(value) is not list:
             return None  # (as the scan: only brackets are tracked)
         start = at + 1 if raw[at:at + 1] == b"," else at  # (after an element; `values` parsed from `raw`)
-        dumped = orjson.dumps(value)
+        try:
+            dumped = orjson.dumps(value)
+        except orjson.JSONEncodeError:  # nested past orjson's writing depth (its parse goes deeper)
+            break
         if not raw.startswith(dumped, start):
             break
         at = start + len(dumped)

@@ -70,3 +70,12 @@ def test_compact_elements_are_told_without_a_scan(monkeypatch: pytest.MonkeyPatc
     spaced = json.dumps({"messages": items}).encode()  # ", " and ": ": the scan takes over
     monkeypatch.undo()
     assert element_ends(spaced, spaced.index(b"[") + 1, items) == elements(spaced, spaced.index(b"[") + 1)
+
+
+def test_an_element_nested_past_what_orjson_writes_is_scanned() -> None:
+    deep: Any = {}
+    for _ in range(300):  # (orjson reads 1,024 levels, writes 255)
+        deep = {"a": [deep]}
+    raw = orjson.dumps({"messages": [{"role": "user"}]})[:-2] + b"," + json.dumps(deep).encode() + b"]}"
+    values = orjson.loads(raw)["messages"]
+    assert element_ends(raw, raw.index(b"[") + 1, values) == elements(raw, raw.index(b"[") + 1)
