@@ -15,8 +15,6 @@ place (the pipeline never does: tests/test_invariants.py).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import functools
 import itertools
 import threading
@@ -28,6 +26,7 @@ from typing import Any
 import orjson
 
 from proxy.held_memory import held_bytes
+from proxy.wire.byte_prefix import WINDOW, same_before, same_start
 from proxy.wire.json_layout import Layout, element_ends, layout_of
 from proxy.wire.splice import Spans
 
@@ -70,7 +69,7 @@ class _Body:
         self.derived_cost = 0  # of it: what a codec made of it holds (wire/decoded_prefix.py)
         # where its first element ends and the bytes just before it (a remembered body has elements)
         first_end = layout.ends[0] if layout.ends else 0
-        self._first = (first_end, raw[first_end - _WINDOW:first_end] if first_end >= _WINDOW else None)
+        self._first = (first_end, raw[first_end - WINDOW:first_end] if first_end >= WINDOW else None)
 
     def same_after(self, raw: bytes, closing: int) -> bool:
         """Whether `raw` past its array's `]` (at `closing`) is this body's past its own, byte for byte: the
@@ -86,14 +85,14 @@ class _Body:
         """Whether `raw` repeats this body's first `count` elements: told by a few bytes before their end,
         then one memcmp of everything before it."""
         end = self.layout.ends[count - 1]
-        return _same_before(raw, self.raw, end) and _same_start(raw, self.raw, end)
+        return same_before(raw, self.raw, end) and same_start(raw, self.raw, end)
 
     def shares_first(self, raw: bytes) -> bool:
         """Whether `raw` could repeat this body's first element: the bytes just before its end are the same
         (another session of the same agent parts in its first element, its task, mostly: its many
         bodies are told apart by slicing a few bytes instead of a memcmp call each)."""
         end, before = self._first  # (kept: one slice of `raw` a candidate, however many there are)
-        return before is None or raw[end - _WINDOW:end] == before
+        return before is None or raw[end - WINDOW:end] == before
 
     def continued(self, raw: bytes) -> int:
         """How many of this body's elements `raw` repeats when it is this body's session going on with its
@@ -115,13 +114,13 @@ class _Body:
         # that parts early (another session of the same agent: its task differs) costs a call or two.
         low, high, step = 0, len(ends), 1
         while low + step <= high:
-            if not _same_start(raw, mine, ends[low + step - 1]):
+            if not same_start(raw, mine, ends[low + step - 1]):
                 high = low + step - 1
                 break
             low, step = low + step, step * 2
         while low < high:
             middle = (low + high + 1) // 2
-            if _same_start(raw, mine, ends[middle - 1]):
+            if same_start(raw, mine, ends[middle - 1]):
                 low = middle
             else:
                 high = middle - 1
@@ -133,39 +132,6 @@ def continues(reused: int, elements: int) -> bool:
     all of them, or all but the last few (a client may edit its newest messages: Anthropic clients move
     their cache marker to the newest every turn). Another session of the same agent repeats its opening."""
     return reused >= elements - TAIL_EDITS and reused * 2 > elements
-
-
-def _libc_memcmp() -> Callable[[bytes, bytes, int], int] | None:
-    name = ctypes.util.find_library("c")
-    try:
-        memcmp = ctypes.CDLL(name).memcmp if name else None
-    except (OSError, AttributeError):
-        return None
-    if memcmp is not None:
-        memcmp.argtypes, memcmp.restype = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t), ctypes.c_int
-    return memcmp
-
-
-_MEMCMP = _libc_memcmp()
-
-
-_WINDOW = 32  # bytes compared before a memcmp call (a call costs more than slicing them)
-
-
-def _same_before(raw: bytes, mine: bytes, end: int) -> bool:
-    """Whether the `_WINDOW` bytes before `end` are the same: a quick test that two bodies could share
-    everything before `end` (they differ there, mostly, when they do not)."""
-    return raw[end - _WINDOW:end] == mine[end - _WINDOW:end] if end >= _WINDOW else True
-
-
-def _same_start(raw: bytes, mine: bytes, size: int) -> bool:
-    """raw[:size] == mine[:size] without copying megabytes (a slice is a fresh buffer, page faults and
-    all; memoryview comparison goes byte by byte in Python's C code)."""
-    if len(raw) < size:
-        return False
-    if _MEMCMP is not None:
-        return _MEMCMP(raw, mine, size) == 0
-    return raw.startswith(mine[:size])
 
 
 class ResentBodies:

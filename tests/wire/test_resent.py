@@ -300,8 +300,8 @@ def test_a_body_that_parts_early_costs_a_few_comparisons(monkeypatch) -> None:
     assert layout is not None
     earlier = resent._Body(raw, orjson.loads(raw), layout)
     calls = []
-    real = resent._same_start
-    monkeypatch.setattr(resent, "_same_start", lambda *args: calls.append(args[2]) or real(*args))
+    real = resent.same_start
+    monkeypatch.setattr(resent, "same_start", lambda *args: calls.append(args[2]) or real(*args))
     other = orjson.dumps({"messages": [history[0], {"role": "user", "content": "another task"},
                                        *history[2:]]})
     assert earlier.reusable(other) == 1 and len(calls) <= 4
@@ -372,8 +372,8 @@ def remembered(histories: list[list[dict[str, Any]]]) -> ResentBodies:
 def compared_sizes(monkeypatch) -> list[int]:
     """The size of every memcmp the cache makes from now on."""
     compared: list[int] = []
-    real = resent._same_start
-    monkeypatch.setattr(resent, "_same_start", lambda *args: compared.append(args[2]) or real(*args))
+    real = resent.same_start
+    monkeypatch.setattr(resent, "same_start", lambda *args: compared.append(args[2]) or real(*args))
     return compared
 
 
