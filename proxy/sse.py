@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +72,25 @@ class EventSplitter:
 
 
 SEPARATORS = (b"\n\n", b"\r\n\r\n", b"\r\r")
+
+
+# Events as providers send them: one `data:` line (after one `event:` line in the Messages format), LF
+# line ends, a blank line after each. A match starts only where an event does (the start, or after a blank
+# line), so each match is one whole event as `EventSplitter` cuts them.
+_PLAIN_DATA = re.compile(rb"(?:\A|(?<=\n\n))data: *([^\n]*)\n\n")
+_PLAIN_NAMED = re.compile(rb"(?:\A|(?<=\n\n))event:([^\n]*)\ndata: *([^\n]*)\n\n")
+
+
+def plain_events(whole: bytes, named: bool) -> tuple[list[Any], int] | None:
+    """The complete events of a recorded stream when every one is plain (above): their data (`named`:
+    their (name, data) pairs, the name unstripped), found by one regular expression in C where cutting
+    each event and reading it line by line costs ~1 µs; and where the last one ends (the rest is not an
+    event). None when some event is not plain: read those line by line."""
+    if b"\r" in whole:
+        return None
+    end = whole.rfind(b"\n\n") + 2 if b"\n\n" in whole else 0
+    found = (_PLAIN_NAMED if named else _PLAIN_DATA).findall(whole, 0, end)
+    return (found, end) if len(found) == whole.count(b"\n\n", 0, end) else None
 
 
 def event_data(event: bytes) -> bytes | None:
@@ -197,7 +217,10 @@ def assemble(chunks: Iterable[bytes]) -> StreamAssembly:
     """Fold a recorded SSE byte stream (as relayed) into one assistant message. Never raises: data that
     is not JSON, or JSON of another shape, is skipped and named in `problems`."""
     assembly = StreamAssembly()
-    for data in iter_data(chunks):
+    whole = b"".join(chunks)
+    plain = plain_events(whole, named=False)
+    datas: Iterable[bytes] = iter_data([whole]) if plain is None else _with_tail(plain[0], whole[plain[1]:])
+    for data in datas:
         if data.strip() == DONE:
             break
         try:
@@ -210,3 +233,9 @@ def assemble(chunks: Iterable[bytes]) -> StreamAssembly:
                 continue
         assembly.add(chunk)
     return assembly
+
+
+def _with_tail(datas: list[bytes], tail: bytes) -> list[bytes]:
+    """The data of the complete events, then that of an unfinished one (as `iter_data` reads it)."""
+    data = event_data(tail.strip()) if tail.strip() else None
+    return datas if data is None else [*datas, data]

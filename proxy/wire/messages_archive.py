@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from proxy.archive_parse import NOT_JSON, ParsedResponse, integer, response_json
-from proxy.sse import EventSplitter, event_data
+from proxy.sse import EventSplitter, event_data, plain_events
 from proxy.wire.messages import block_text, neutral_call
 from proxy.wire.messages_stream import MessagesRound, event_name
 
@@ -55,11 +55,22 @@ def fields(event: bytes) -> tuple[str | None, bytes | None]:
 
 
 def read_stream(chunks: list[bytes]) -> MessagesRound:
-    """The stream's events, each fed to one round as the relay feeds them (~5 µs an event, a third of
-    splitting it chunk by chunk and reading each line by line: a Claude answer streams hundreds)."""
+    """The stream's events, each fed to one round as the relay feeds them. A stream of plain events
+    (every provider's) is split by one regular expression: ~1 µs an event where splitting each and
+    reading its lines took ~2.3 (a Claude answer streams hundreds). The archive keeps the round's
+    content, not what it would relay: the events' own bytes are not handed on."""
     round_ = MessagesRound(0, 0, lambda name: False)
-    for event in events(chunks):
-        round_.feed_fields(event, *fields(event))
+    whole = b"".join(chunks)
+    plain = plain_events(whole, named=True)
+    if plain is None:
+        for event in events([whole]):
+            round_.feed_fields(event, *fields(event))
+        return round_
+    names: dict[bytes, str] = {}
+    for name, data in plain[0]:
+        if name not in names:
+            names[name] = name.strip().decode("utf-8", "replace")
+        round_.feed_fields(b"", names[name], data)
     return round_
 
 

@@ -36,6 +36,9 @@ class _Slot:
     index: int | None  # the client's index when relayed; None when held
     events: list[dict[str, Any]] = field(default_factory=list)  # held: the block's events, as parsed
     json: list[str] = field(default_factory=list)  # input_json_delta pieces
+    # text_delta / thinking_delta pieces not yet joined into the block (joining them as they come would
+    # copy the text so far on every delta: an answer streams hundreds)
+    pieces: dict[str, list[str]] = field(default_factory=dict)
     stopped: bool = False
 
 
@@ -72,6 +75,8 @@ class MessagesRound:
         for slot in self._slots.values():
             if not slot.stopped:
                 _assemble(slot)
+            elif slot.pieces:  # (deltas after the block's stop)
+                _join_pieces(slot)
             out.append(slot.block)
         return out
 
@@ -121,6 +126,14 @@ class MessagesRound:
             return self._bad(event, f"data is not JSON: {data[:120]!r}")
         if not isinstance(obj, dict):
             return self._bad(event, f"a JSON {type(obj).__name__}, not an object: {data[:120]!r}")
+        kind = obj.get("type")
+        if kind == "content_block_delta" and name != "error":  # most of a stream: straight to its block
+            index = obj.get("index")
+            if type(index) is int and (slot := self._slots.get(index)) is not None:  # (True is not 1)
+                return self._block_event(event, obj, kind, slot)
+        return self._feed_object(event, name, data, obj)
+
+    def _feed_object(self, event: bytes, name: str | None, data: bytes, obj: dict[str, Any]) -> bytes | None:
         kind = obj["type"] if isinstance(obj.get("type"), str) else name
         if kind == "error" or name == "error":
             if self.error is None:
@@ -248,9 +261,9 @@ def _apply(slot: _Slot, delta: Any) -> str | None:
         return f"a content_block_delta whose delta is {type(delta).__name__}, not an object"
     block, kind = slot.block, delta.get("type")
     if kind == "text_delta" and isinstance(delta.get("text"), str):
-        block["text"] = (block.get("text") or "") + delta["text"]
+        slot.pieces.setdefault("text", []).append(delta["text"])
     elif kind == "thinking_delta" and isinstance(delta.get("thinking"), str):
-        block["thinking"] = (block.get("thinking") or "") + delta["thinking"]
+        slot.pieces.setdefault("thinking", []).append(delta["thinking"])
     elif kind == "signature_delta" and isinstance(delta.get("signature"), str):
         block["signature"] = delta["signature"]  # the whole signature, not a piece
     elif kind == "input_json_delta" and isinstance(delta.get("partial_json"), str):
@@ -260,10 +273,22 @@ def _apply(slot: _Slot, delta: Any) -> str | None:
     return None  # other delta types are relayed (or held) without being understood
 
 
+def _join_pieces(slot: _Slot) -> None:
+    """The text and thinking deltas so far onto the block (after what its start or an earlier join
+    put there; a start's text that is not a string counts as none)."""
+    for key, pieces in slot.pieces.items():
+        before = slot.block.get(key)
+        slot.block[key] = (before if isinstance(before, str) else "") + "".join(pieces)
+    slot.pieces.clear()
+
+
 def _assemble(slot: _Slot) -> str | None:
-    """Set the block's `input` from its input_json_delta pieces (a tool_use without any keeps the
-    start's input, or {}); name a problem when the pieces are not a JSON object."""
+    """Set the block's text and thinking from their deltas, and its `input` from its input_json_delta
+    pieces (a tool_use without any keeps the start's input, or {}); name a problem when the pieces are
+    not a JSON object."""
     block = slot.block
+    if slot.pieces:
+        _join_pieces(slot)
     raw = "".join(slot.json)
     if not raw.strip():
         if block.get("type") == "tool_use" and not isinstance(block.get("input"), dict):

@@ -44,12 +44,15 @@ def final_response(chunks: list[bytes]) -> dict[str, Any] | None:
     stream is searched from its end for those names, and only the events from the blank line before a
     find on are split and parsed (a stream's deltas are most of its events)."""
     whole = b"".join(chunks)
+    blank_lines = _BLANK_LINES if b"\r" in whole else _BLANK_LINES[:1]
     end = len(whole)
     while end > 0:
-        found = max(whole.rfind(kind, 0, end) for kind in _FINAL_BYTES)
+        found = -1
+        for kind in _FINAL_BYTES:  # the last of any: a later name is looked for only past an earlier find
+            found = max(found, whole.rfind(kind, found + 1, end))
         if found < 0:
             return None
-        start = max(0, *(whole.rfind(blank, 0, found) for blank in _BLANK_LINES))
+        start = max(0, *(whole.rfind(blank, 0, found) for blank in blank_lines))
         for data in reversed(list(iter_data([whole[start:end]]))):
             if not any(kind in data for kind in _FINAL_BYTES):
                 continue

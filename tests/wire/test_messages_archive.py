@@ -41,6 +41,8 @@ PAYLOADS: list[dict[str, Any]] = [
     {"type": "content_block_delta", "index": 1, "delta": {"type": JSON, "partial_json": '{"'}},
     {"type": "content_block_delta", "index": 1, "delta": {"type": JSON, "partial_json": 'c":1}'}},
     {"type": "content_block_stop", "index": 1},
+    {"type": "content_block_start", "index": 2, "content_block": {"type": "thinking", "thinking": 5}},
+    {"type": "content_block_delta", "index": 2, "delta": {"type": "thinking_delta", "thinking": "hm"}},
     {"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 9}},
     {"type": "message_stop"},
     {"type": "ping"},

@@ -266,6 +266,26 @@ def test_citations_and_redacted_thinking_are_kept() -> None:
                           {"type": "text", "text": "cited", "citations": [citation]}]
 
 
+def test_text_joins_its_deltas_whatever_the_start_said() -> None:
+    # A start whose text is not a string counts as none (it made the relay raise mid-stream once);
+    # deltas after a block's stop are still its text; an index of True is not block 1.
+    rnd = MessagesRound(0, 0, is_internal)
+    delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hi"}}
+    events = [{"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": 5}},
+              delta, {"type": "content_block_stop", "index": 0},
+              {**delta, "delta": {"type": "text_delta", "text": "!"}},
+              {"type": "content_block_start", "index": 1,
+               "content_block": {"type": "thinking", "thinking": "a"}},
+              {"type": "content_block_delta", "index": 1,
+               "delta": {"type": "thinking_delta", "thinking": "b"}},
+              {**delta, "index": True}]
+    out = run(rnd, [ev(e) for e in events])
+    assert len(out) == len(events)
+    assert rnd.blocks == [{"type": "text", "text": "hi!"}, {"type": "thinking", "thinking": "ab"}]
+    assert rnd.text == "hi!"
+    assert rnd.malformed is not None and "did not start" in rnd.malformed  # (the True index)
+
+
 def test_upstream_error_event_is_relayed_and_kept() -> None:
     rnd = MessagesRound(1, 3, is_internal)
     out = run(rnd, [ev(e) for e in [message_start(), *text_block(0, "partial")[:2]]])
