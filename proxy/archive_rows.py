@@ -8,6 +8,7 @@ again, which gives the same ids: eviction costs time, never correctness."""
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
@@ -16,10 +17,12 @@ from proxy.accounting import Pricing, account
 from proxy.archive_codec import cell, dumps, safe_text
 from proxy.archive_db import insert_message, message_id
 from proxy.archive_params import same_params
-from proxy.archive_parse import integer, parse_response, raw_response
+from proxy.archive_parse import ParsedResponse, integer, parse_response, raw_response
 
 if TYPE_CHECKING:
     from proxy.archive import ExchangeRecord, TableRow
+
+log = logging.getLogger("ctxproxy.archive")
 
 CHAIN_CACHE_BYTES = 32 * 1024 * 1024  # default byte budget of the writer's last-chain-per-session cache
 PARSED_PER_SERIALIZED = 2  # parsed messages / their JSON bytes: 1.2-3.8x on the shared traces, ~1.5 typical
@@ -214,7 +217,11 @@ class RowWriter:
         self._seen.add(node)
 
     def _response_fields(self, record: ExchangeRecord, request_leaf: str, raw: bytes) -> dict[str, Any]:
-        parsed = parse_response(record)
+        try:
+            parsed = parse_response(record)
+        except Exception as exc:  # a reader's own bug: the exchange is archived all the same, its answer raw
+            log.exception("archive: exchange %s: its answer could not be read", record.id)
+            parsed = ParsedResponse(problems=[f"the answer could not be read ({type(exc).__name__})"])
         fields_: dict[str, Any] = {"response_id": parsed.response_id, "finish_reason": parsed.finish_reason}
         if parsed.message is not None:
             body = dumps(parsed.message)

@@ -48,10 +48,10 @@ GOOD = b'{"id":"r1","choices":[{"index":0,"message":{"role":"assistant","content
 
 def record(n: int | str, *, body: bytes | None = GOOD, chunks: list[bytes] | None = None, status: int = 200,
            session: str = "s", tenant: str = "t", model: str | None = "gpt-4o",
-           messages: list | None = None) -> ExchangeRecord:
+           messages: list | None = None, route: str = "chat/completions") -> ExchangeRecord:
     return ExchangeRecord(
         id=f"ex-{n}", created_at=utc_now(), session_id=session, session_source="header", tenant=tenant,
-        policy="default", route="chat/completions", model=model, stream=chunks is not None,
+        policy="default", route=route, model=model, stream=chunks is not None,
         request_messages=messages or [{"role": "user", "content": f"question {n}"}], params={"n": 1},
         status=status, response_body=None if chunks is not None else body, response_chunks=chunks or [])
 
@@ -191,6 +191,74 @@ def test_any_upstream_body_is_archived_raw_with_the_problem_named(archive):
     mixed = archive.exchange(f"ex-s{list(WRONG_STREAMS).index('mixed')}")
     assert reader.chain(mixed["response_message_id"])[-1]["content"] == "partial"
     reader.close()
+
+
+def named_event(obj: dict) -> bytes:
+    return b"event: " + str(obj.get("type")).encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
+
+
+# The Messages and Responses routes' answers of the wrong shape (each once made the writer raise, or could:
+# a message_start whose message is not an object set its record aside, out of the archive)
+WRONG_NATIVE = {
+    "messages: message_start's message a list": ("messages", [named_event(
+        {"type": "message_start", "message": [None]})]),
+    "messages: message_start's message a string": ("messages", [named_event(
+        {"type": "message_start", "message": "m"}), named_event({"type": "message_stop"})]),
+    "messages: a text block whose text is a number": ("messages", [
+        named_event({"type": "message_start", "message": {"id": "m1", "usage": {"input_tokens": 1}}}),
+        named_event({"type": "content_block_start", "index": 0,
+                     "content_block": {"type": "text", "text": 5}}),
+        named_event({"type": "content_block_delta", "index": 0,
+                     "delta": {"type": "text_delta", "text": "hi"}}),
+        named_event({"type": "content_block_delta", "index": 0, "delta": "not an object"}),
+        named_event({"type": "message_stop"})]),
+    "messages: an error event and no start": ("messages", [named_event(
+        {"type": "error", "error": {"type": "overloaded_error"}})]),
+    "responses: completed with a list for a response": ("responses", [named_event(
+        {"type": "response.completed", "response": [1]})]),
+    "responses: output not a list": ("responses", [named_event(
+        {"type": "response.completed", "response": {"id": "r", "output": {"a": 1}}})]),
+}
+
+
+def test_native_answers_of_the_wrong_shape_are_archived_raw_with_the_problem_named(archive):
+    writer = archive.writer()
+    cases = {name: record(f"n{i}", chunks=chunks, route=route)
+             for i, (name, (route, chunks)) in enumerate(WRONG_NATIVE.items())}
+    for item in cases.values():
+        writer.submit(item)
+    writer.close()
+    for name, item in cases.items():
+        row = archive.exchange(item.id)
+        assert row and row["request_leaf"], f"{name}: exchange not archived"
+        assert row["parse_error"], f"{name}: the problem is not named"
+        assert "could not be read (" not in row["parse_error"], f"{name}: its reader raised"
+        assert row["response_raw"] == b"".join(item.response_chunks), f"{name}: raw response not kept"
+    reader = archive.reader()
+    numbered = archive.exchange(cases["messages: a text block whose text is a number"].id)
+    assert reader.chain(numbered["response_message_id"])[-1]["content"] == "hi"  # what could be read
+    reader.close()
+
+
+def test_an_answer_its_reader_fails_on_is_archived_raw(archive, monkeypatch, caplog):
+    """A bug in an answer's reader keeps neither that exchange nor its batch out of the archive."""
+    def broken(item: ExchangeRecord) -> None:
+        if item.id == "ex-broken":
+            raise KeyError("a reader's bug")
+        return real(item)
+
+    real = archive_rows.parse_response
+    monkeypatch.setattr(archive_rows, "parse_response", broken)
+    writer = archive.writer()
+    for name in ("before", "broken", "after"):
+        writer.submit(record(name))
+    with caplog.at_level(logging.ERROR, logger="ctxproxy.archive"):
+        writer.close()
+    row = archive.exchange("ex-broken")
+    assert row["parse_error"] == "the answer could not be read (KeyError)" and row["response_raw"] == GOOD
+    assert row["response_message_id"] is None and row["request_leaf"]
+    assert all(archive.exchange(f"ex-{name}")["response_message_id"] for name in ("before", "after"))
+    assert "ex-broken: its answer could not be read" in caplog.text
 
 
 def test_error_answers_keep_their_text_and_huge_ones_their_bytes(archive):

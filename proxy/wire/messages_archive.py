@@ -83,8 +83,9 @@ def parse_messages_response(record: ExchangeRecord) -> ParsedResponse:
         if round_.message_start is None:
             parsed.problems.append("the stream carried no message_start")
             return parsed
-        message = round_.message_start.get("message") or {}
-        parsed.response_id = message.get("id") if isinstance(message.get("id"), str) else None
+        message = round_.message_start.get("message")  # (not an object: named in `malformed` already)
+        message_id = message.get("id") if isinstance(message, dict) else None
+        parsed.response_id = message_id if isinstance(message_id, str) else None
         parsed.message, parsed.finish_reason = assistant(round_.blocks), round_.stop_reason
         usage = round_.usage
     else:
