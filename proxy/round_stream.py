@@ -30,7 +30,10 @@ class RoundState:
     """What one streamed round left behind once its events were relayed or held back."""
 
     content: list[str] = field(default_factory=list)
-    calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # (name and arguments: see `pieces`)
+    # each call's name and arguments deltas, joined when the calls are read: joining them as they came
+    # copied the arguments so far on every delta (a call that writes a file streams thousands)
+    pieces: dict[int, tuple[list[str], list[str]]] = field(default_factory=dict)
     finish: dict[str, Any] | None = None
     usage: dict[str, Any] | None = None
     response_id: str | None = None
@@ -157,6 +160,9 @@ class ChatFramer:
         return end
 
     def calls(self) -> list[dict[str, Any]]:
+        for index, (names, arguments) in self.state.pieces.items():
+            function = self.state.calls[index]["function"]
+            function["name"], function["arguments"] = "".join(names), "".join(arguments)
         return [self.state.calls[i] for i in sorted(self.state.calls)]
 
     def turn(self) -> Turn:
@@ -303,12 +309,14 @@ def _hold(obj: dict[str, Any], state: RoundState) -> bool:
         state.content.append(delta["content"])
     held = False
     for call in delta.get("tool_calls") or ():
-        slot = state.calls.setdefault(call.get("index", 0), {
+        index = call.get("index", 0)
+        slot = state.calls.setdefault(index, {
             "id": None, "type": "function", "function": {"name": "", "arguments": ""}})
         slot["id"] = call.get("id") or slot["id"]
         function = call.get("function") or {}
-        slot["function"]["name"] += function.get("name") or ""
-        slot["function"]["arguments"] += function.get("arguments") or ""
+        names, arguments = state.pieces.setdefault(index, ([], []))
+        names.append(function.get("name") or "")
+        arguments.append(function.get("arguments") or "")
         held = True
     if obj.get("usage"):
         state.usage = obj["usage"]

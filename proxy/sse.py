@@ -122,7 +122,10 @@ class StreamAssembly:
     role: str = "assistant"
     content: list[str] = field(default_factory=list)
     refusal: list[str] = field(default_factory=list)
-    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # (names, arguments: `pieces`)
+    # each call's name and arguments deltas, joined by `message` (not as they come: that copied the
+    # arguments so far on every delta, and a call that writes a file streams thousands)
+    pieces: dict[int, tuple[list[str], list[str]]] = field(default_factory=dict)
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     chunks: int = 0  # chat-completion chunks folded in
@@ -199,15 +202,19 @@ class StreamAssembly:
                 if function is not None:
                     self.problem(f"a tool call's function is {type(function).__name__}, not an object")
                 continue
+            names, arguments = self.pieces.setdefault(index, ([], []))
             if isinstance(function.get("name"), str):
-                slot["function"]["name"] += function["name"]
+                names.append(function["name"])
             if isinstance(function.get("arguments"), str):
-                slot["function"]["arguments"] += function["arguments"]
+                arguments.append(function["arguments"])
 
     def message(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": self.role, "content": "".join(self.content) or None}
         if self.refusal:
             message["refusal"] = "".join(self.refusal)
+        for index, (names, arguments) in self.pieces.items():
+            function = self.tool_calls[index]["function"]
+            function["name"], function["arguments"] = "".join(names), "".join(arguments)
         if self.tool_calls:
             message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
         return message

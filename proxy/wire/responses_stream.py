@@ -63,6 +63,16 @@ class _Slot:
     index: int | None  # the client's output_index when relayed; None when held
     events: list[dict[str, Any]] = field(default_factory=list)  # held: the item's events, as parsed
     done: bool = False
+    # delta pieces not yet joined onto their field, by (id of the dict, field): joining each as it came
+    # copied the text so far on every delta (a long answer streams thousands)
+    pieces: dict[tuple[int, str], tuple[dict[str, Any], list[str]]] = field(default_factory=dict)
+
+    def joined(self) -> dict[str, Any]:
+        """The item, every delta so far on it."""
+        for target, name, pieces in ((t, key[1], p) for key, (t, p) in self.pieces.items()):
+            target[name] = _str(target.get(name)) + "".join(pieces)
+        self.pieces.clear()
+        return self.item
 
 
 class ResponsesRound:
@@ -101,12 +111,12 @@ class ResponsesRound:
     @property
     def items(self) -> list[dict[str, Any]]:
         """The round's output items as the model produced them, in order (held calls included)."""
-        return [slot.item for slot in self._slots.values()]
+        return [slot.joined() for slot in self._slots.values()]
 
     @property
     def sent_items(self) -> list[dict[str, Any]]:
         """The items the client got from this round, in its order: relayed, then released."""
-        return [slot.item for slot in self._slots.values() if slot.index is not None] + self._released
+        return [slot.joined() for slot in self._slots.values() if slot.index is not None] + self._released
 
     @property
     def text(self) -> str:
@@ -241,9 +251,9 @@ class ResponsesRound:
                 continue
             events = list(slot.events)
             if not slot.done:
-                events.append({"type": "response.output_item.done", "item": slot.item})
+                events.append({"type": "response.output_item.done", "item": slot.joined()})
             out.extend(self._out(None, {**obj, "output_index": index}) for obj in events)
-            self._released.append(slot.item)
+            self._released.append(slot.joined())
             index += 1
         return out
 
@@ -261,9 +271,10 @@ def _apply(slot: _Slot, kind: str, obj: dict[str, Any]) -> str | None:
     item = slot.item
     if kind == "response.output_item.done":
         if isinstance(obj.get("item"), dict):
+            slot.pieces.clear()  # (the deltas were of the item it replaces: nothing to join)
             slot.item = copy.deepcopy(obj["item"])
         slot.done = True
-        return _check(slot.item)
+        return _check(slot.joined())
     if kind in PARTS:
         key, at = PARTS[kind]
         parts, part, where = item.setdefault(key, []), obj.get("part"), obj.get(at)
@@ -281,7 +292,13 @@ def _apply(slot: _Slot, kind: str, obj: dict[str, Any]) -> str | None:
             target = parts[where] if isinstance(parts, list) and is_int(where) and 0 <= where < len(parts) \
                 else None
         if isinstance(target, dict) and isinstance(value, str):
-            target[name] = _str(target.get(name)) + value if source == "delta" else value
+            if source != "delta":  # the whole field: what the deltas made is replaced
+                slot.pieces.pop((id(target), name), None)
+                target[name] = value
+            elif (entry := slot.pieces.get((id(target), name))) is not None:
+                entry[1].append(value)
+            else:
+                slot.pieces[(id(target), name)] = (target, [value])
     return None  # other events are relayed (or held) without being understood
 
 

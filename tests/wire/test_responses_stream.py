@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from proxy.sse import EventSplitter, event_data
@@ -363,3 +363,84 @@ def test_custom_tool_call_is_held_shown_as_a_custom_call_and_released_whole() ->
         ("response.output_item.done", 5, 6)]
     assert back[-1]["item"] == {**item, "input": "*** Begin Patch"} and rnd.sent_items == [back[-1]["item"]]
     assert rnd.release(["call_other"], 6) == []
+
+
+def folded_eagerly(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The items the events make, each delta joined onto its field as it comes (the plain reading)."""
+    items: dict[int, dict[str, Any]] = {}
+    for obj in events:
+        kind, index = obj["type"], obj.get("output_index")
+        if kind == "response.output_item.added":
+            items.setdefault(index, orjson.loads(orjson.dumps(obj["item"])))
+        elif index not in items:
+            continue
+        elif kind == "response.output_item.done":
+            items[index] = orjson.loads(orjson.dumps(obj["item"]))
+        elif kind == "response.content_part.added":
+            parts, where = items[index].setdefault("content", []), obj["content_index"]
+            part = orjson.loads(orjson.dumps(obj["part"]))
+            if 0 <= where < len(parts):
+                parts[where] = part
+            else:
+                parts.append(part)
+        else:
+            listed, name, source = {"response.output_text.delta": ("content", "text", "delta"),
+                                    "response.output_text.done": ("content", "text", "text"),
+                                    "response.function_call_arguments.delta": (None, "arguments", "delta"),
+                                    "response.function_call_arguments.done": (None, "arguments", "arguments"),
+                                    }[kind]
+            target = items[index]
+            if listed is not None:
+                parts, where = target.get(listed) or [], obj["content_index"]
+                target = parts[where] if 0 <= where < len(parts) else None
+            if target is not None:
+                before = target.get(name) if isinstance(target.get(name), str) else ""
+                target[name] = before + obj[source] if source == "delta" else obj[source]
+    return [items[index] for index in sorted(items, key=list(items).index)]
+
+
+stream_steps = st.lists(st.one_of(
+    st.builds(lambda i, kind: {"type": "response.output_item.added", "output_index": i,
+                               "item": {"id": f"i{i}", "type": kind, "call_id": f"c{i}", "name": "f",
+                                        "arguments": "", "content": []}},
+              st.integers(0, 1), st.sampled_from(["message", "function_call"])),
+    st.builds(lambda i, c, text: {"type": "response.content_part.added", "output_index": i,
+                                  "content_index": c, "part": {"type": "output_text", "text": text}},
+              st.integers(0, 1), st.integers(0, 1), st.sampled_from(["", "p"])),
+    st.builds(lambda i, c, text: {"type": "response.output_text.delta", "output_index": i, "content_index": c,
+                                  "delta": text},
+              st.integers(0, 1), st.integers(0, 1), st.sampled_from(["a", "bc"])),
+    st.builds(lambda i, c: {"type": "response.output_text.done", "output_index": i, "content_index": c,
+                            "text": "whole"}, st.integers(0, 1), st.integers(0, 1)),
+    st.builds(lambda i, text: {"type": "response.function_call_arguments.delta", "output_index": i,
+                               "delta": text}, st.integers(0, 1), st.sampled_from(["{", "}", "\"k\":1"])),
+    st.builds(lambda i: {"type": "response.function_call_arguments.done", "output_index": i,
+                         "arguments": "{}"}, st.integers(0, 1)),
+    st.builds(lambda i: {"type": "response.output_item.done", "output_index": i,
+                         "item": {"id": f"i{i}", "type": "message", "content": [{"type": "output_text",
+                                                                                "text": "done"}]}},
+              st.integers(0, 1))), max_size=30)
+
+
+ADDED = {"type": "response.output_item.added", "output_index": 0,
+         "item": {"id": "m", "type": "message", "content": []}}
+PART = {"type": "response.content_part.added", "output_index": 0, "content_index": 0,
+        "part": {"type": "output_text", "text": ""}}
+DELTA = {"type": "response.output_text.delta", "output_index": 0, "content_index": 0, "delta": "a"}
+
+
+@settings(max_examples=400, deadline=None)
+@given(stream_steps, st.lists(st.integers(1, 30), max_size=3))
+@example([ADDED, PART, DELTA, {**DELTA, "type": "response.output_text.done", "text": "whole"}], [])
+@example([ADDED, PART, DELTA, {"type": "response.output_item.done", "output_index": 0,
+                               "item": {"id": "m", "type": "message", "content": [{"text": "x"}]}}], [])
+@example([ADDED, PART, DELTA, PART, DELTA], [3])
+def test_deltas_joined_once_make_the_items_joining_each_would(events: list[dict[str, Any]],
+                                                               reads: list[int]) -> None:
+    # (the items read between events too: a read joins what came so far, and later deltas go on)
+    round_ = ResponsesRound(0, 0, is_internal)
+    for n, obj in enumerate(events, 1):
+        round_.feed(b"event: " + obj["type"].encode() + b"\ndata: " + orjson.dumps(obj))
+        if n in reads:
+            assert round_.items == folded_eagerly(events[:n])
+    assert round_.items == folded_eagerly(events)
