@@ -69,7 +69,7 @@ class _Slot:
 
     def joined(self) -> dict[str, Any]:
         """The item, every delta so far on it."""
-        for target, name, pieces in ((t, key[1], p) for key, (t, p) in self.pieces.items()):
+        for (_, name), (target, pieces) in self.pieces.items():
             target[name] = _str(target.get(name)) + "".join(pieces)
         self.pieces.clear()
         return self.item
