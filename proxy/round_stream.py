@@ -19,7 +19,7 @@ from proxy import faults, telemetry
 from proxy.archive import ExchangeRecord
 from proxy.errors import CtxProxyError
 from proxy.rounds import Conversation, RoundsContext, add_usage, begin_round, new_round, split_calls
-from proxy.sse import DONE, EventSplitter, event_data
+from proxy.sse import DONE, EventSplitter, event_data, joined_calls
 from proxy.upstream import Upstream
 from proxy.upstream_response import TransportError, UpstreamResponse
 from proxy.wire import Turn
@@ -31,8 +31,7 @@ class RoundState:
 
     content: list[str] = field(default_factory=list)
     calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # (name and arguments: see `pieces`)
-    # each call's name and arguments deltas, joined when the calls are read: joining them as they came
-    # copied the arguments so far on every delta (a call that writes a file streams thousands)
+    # each call's name and arguments deltas, joined when the calls are read (sse.joined_calls)
     pieces: dict[int, tuple[list[str], list[str]]] = field(default_factory=dict)
     finish: dict[str, Any] | None = None
     usage: dict[str, Any] | None = None
@@ -160,10 +159,7 @@ class ChatFramer:
         return end
 
     def calls(self) -> list[dict[str, Any]]:
-        for index, (names, arguments) in self.state.pieces.items():
-            function = self.state.calls[index]["function"]
-            function["name"], function["arguments"] = "".join(names), "".join(arguments)
-        return [self.state.calls[i] for i in sorted(self.state.calls)]
+        return joined_calls(self.state.calls, self.state.pieces)
 
     def turn(self) -> Turn:
         text, calls = "".join(self.state.content) or None, self.calls()

@@ -123,8 +123,7 @@ class StreamAssembly:
     content: list[str] = field(default_factory=list)
     refusal: list[str] = field(default_factory=list)
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # (names, arguments: `pieces`)
-    # each call's name and arguments deltas, joined by `message` (not as they come: that copied the
-    # arguments so far on every delta, and a call that writes a file streams thousands)
+    # each call's name and arguments deltas, joined by `message` (`joined_calls`)
     pieces: dict[int, tuple[list[str], list[str]]] = field(default_factory=dict)
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
@@ -212,12 +211,19 @@ class StreamAssembly:
         message: dict[str, Any] = {"role": self.role, "content": "".join(self.content) or None}
         if self.refusal:
             message["refusal"] = "".join(self.refusal)
-        for index, (names, arguments) in self.pieces.items():
-            function = self.tool_calls[index]["function"]
-            function["name"], function["arguments"] = "".join(names), "".join(arguments)
         if self.tool_calls:
-            message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+            message["tool_calls"] = joined_calls(self.tool_calls, self.pieces)
         return message
+
+
+def joined_calls(calls: dict[int, dict[str, Any]],
+                 pieces: dict[int, tuple[list[str], list[str]]]) -> list[dict[str, Any]]:
+    """Chat tool calls by index, each call's name and arguments deltas (`pieces`) joined onto it: kept
+    apart as they came, since joining each as it came copied the arguments so far on every delta."""
+    for index, (names, arguments) in pieces.items():
+        function = calls[index]["function"]
+        function["name"], function["arguments"] = "".join(names), "".join(arguments)
+    return [calls[i] for i in sorted(calls)]
 
 
 def assemble(chunks: Iterable[bytes]) -> StreamAssembly:
