@@ -337,7 +337,8 @@ def build_app(config: Config, *, settle_collector: bool = False) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         metrics = Metrics()
-        tokens = server_counter(config.data_dir / "cache", on_restored=metrics.counts_restored.inc)
+        tokens = server_counter(config.data_dir / "cache", on_restored=metrics.counts_restored.inc,
+                                loop=asyncio.get_running_loop())
         await anyio.to_thread.run_sync(warm_up, tokens, policies)
         storage = await anyio.to_thread.run_sync(lambda: open_storage(
             config, tokens, pricing=Pricing(config.prices()), on_exchange=on_archived(metrics)))

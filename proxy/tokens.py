@@ -3,6 +3,7 @@ model windows and prices: proxy/model_map.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
 import operator
@@ -18,6 +19,7 @@ from proxy import heavy, parallel
 from proxy.encoders import (
     _count_message,
     _encoder,
+    count_first_on,
     count_messages,
     count_text,
     encoding_name_for,
@@ -219,9 +221,12 @@ class TokenCounter:
         return self.messages(messages, model) + self.tools(tools, model)
 
 
-def server_counter(cache: Path, on_restored: Callable[[int], object] | None = None) -> TokenCounter:
+def server_counter(cache: Path, on_restored: Callable[[int], object] | None = None,
+                   loop: asyncio.AbstractEventLoop | None = None) -> TokenCounter:
     """A server's counter: tokenizer ranks cached in `cache` (a quick start), huge texts counted in the
-    worker process (which reads the same cache), counts kept across restarts beside them."""
+    worker process (which reads the same cache), counts kept across restarts beside them; `loop`, the
+    server's event loop, where tiktoken then counts fastest (encoders.count_first_on)."""
+    count_first_on(loop)
     use_cache_dir(cache)
     heavy.enable(use_cache_dir, cache)
     tokens = TokenCounter()

@@ -55,6 +55,94 @@ def test_concurrent_first_requests_of_a_family_wait_for_one_build(monkeypatch: p
     assert encoders._encoder("family") is len  # (and later asks find it built)
 
 
+
+def _recording_build(calls: list[tuple[str, int]]) -> Callable[[str], Callable[[str], int]]:
+    def build(name: str) -> Callable[[str], int]:
+        def count(text: str) -> int:
+            calls.append((text, threading.get_ident()))
+            return len(text)
+        return count
+    return build
+
+
+def test_an_encoder_built_off_the_loop_counts_first_on_its_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tiktoken's regex caches serve the first thread that counts without a lock, every other through
+    a mutex: a family built in a worker thread (Claude's, at its first request) makes its first count
+    on the server's event loop, where nearly every count runs, before the worker gets it."""
+    import asyncio
+
+    from proxy import encoders
+
+    calls: list[tuple[str, int]] = []
+    monkeypatch.setattr(encoders, "_built_encoder", _recording_build(calls))
+    monkeypatch.setattr(encoders, "_encoders", {})
+    monkeypatch.setattr(encoders, "_home_loop", None)
+
+    async def main() -> tuple[int, list[tuple[str, int]]]:
+        encoders.count_first_on(asyncio.get_running_loop())
+        await asyncio.to_thread(encoders._encoder, "family")
+        return threading.get_ident(), list(calls)
+
+    loop_thread, seen_when_built = asyncio.run(main())
+    assert [thread for _, thread in seen_when_built] == [loop_thread]
+    encoders._encoder("family")("later")  # (built once: no second claim)
+    assert len(calls) == 2
+
+
+def test_without_a_loop_the_builder_counts_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    from proxy import encoders
+
+    calls: list[tuple[str, int]] = []
+    monkeypatch.setattr(encoders, "_built_encoder", _recording_build(calls))
+    monkeypatch.setattr(encoders, "_encoders", {})
+    monkeypatch.setattr(encoders, "_home_loop", None)
+    builder = threading.Thread(target=encoders._encoder, args=("family",))
+    builder.start()
+    builder.join(30)
+    assert [thread for _, thread in calls] == [builder.ident]
+
+
+def test_a_loop_that_never_runs_the_claim_does_not_hold_the_builder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stopped (or long busy) loop: the builder waits CLAIM_WAIT_S, then counts on its own thread."""
+    import asyncio
+
+    from proxy import encoders
+
+    calls: list[tuple[str, int]] = []
+    monkeypatch.setattr(encoders, "_built_encoder", _recording_build(calls))
+    monkeypatch.setattr(encoders, "_encoders", {})
+    monkeypatch.setattr(encoders, "CLAIM_WAIT_S", 0.01)
+    stopped = asyncio.new_event_loop()
+    try:
+        monkeypatch.setattr(encoders, "_home_loop", stopped)
+        counter = encoders._encoder("family")
+        assert calls == []  # the claim waits in the loop's queue
+        assert counter("x") == 1
+        stopped.close()
+        encoders._encoders.clear()
+        encoders._encoder("family")  # a closed loop: claimed right away, here
+        assert [thread for _, thread in calls[1:]] == [threading.get_ident()]
+    finally:
+        stopped.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(max_size=80), min_size=1, max_size=12))
+def test_short_texts_count_as_the_encoder_counts_them(texts: list[str]) -> None:
+    """Short texts (roles, names, ids) are counted once each and remembered: the same counts."""
+    from proxy import encoders
+
+    encoder = encoders._encoder("o200k_base")
+    for text in texts + texts:
+        assert encoders._short_count(text, "o200k_base") == encoder(text)
+    message = {"role": texts[0], "content": "".join(texts), "name": texts[-1],
+               "tool_calls": [{"function": {"name": text, "arguments": text}} for text in texts]}
+    expected = (encoders.TOKENS_PER_MESSAGE + encoder(texts[0]) + encoder("".join(texts))
+                + encoders.TOKENS_PER_NAME * bool(texts[-1]) + (encoder(texts[-1]) if texts[-1] else 0)
+                + sum(encoders.TOKENS_PER_MESSAGE + 2 * encoder(text) for text in texts))
+    assert encoders._count_message(message, "o200k_base") == expected
+
+
 Counter = Callable[[str], int]
 
 
