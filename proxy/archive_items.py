@@ -10,11 +10,14 @@ import threading
 import time
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import orjson
 
 from proxy.archive_codec import serialize
+
+if TYPE_CHECKING:
+    from proxy.archive_parse import ParsedResponse
 
 _second: tuple[int, str] = (-1, "")  # the last second formatted, and its text
 
@@ -103,6 +106,9 @@ class ExchangeRecord:
     internal_rounds: int = 0
     recalls: int = 0
     reads: int = 0
+    # What the relay read of a whole streamed answer as it passed, the same the writer would read from
+    # the chunks (in memory only: a record read back from the spool is read from its bytes)
+    answer: ParsedResponse | None = field(default=None, repr=False, compare=False)
 
     def keep_chunk(self, chunk: bytes, cap: int) -> None:
         """Keep a streamed chunk for the archive, up to `cap` bytes in all; past that, mark the record."""
@@ -130,7 +136,7 @@ _EXCHANGE, _ROW, _UNUSABLE = 1, 2, 3
 # spool_delta: [base index, request messages shared, forwarded shared or -1, 1 if the params are the base's]
 _RELATIVE = "_relative_to"
 _BLOB_FIELDS = ("response_body", "response_chunks")
-_EXCHANGE_FIELDS = tuple(f.name for f in fields(ExchangeRecord) if f.name not in _BLOB_FIELDS)
+_EXCHANGE_FIELDS = tuple(f.name for f in fields(ExchangeRecord) if f.name not in (*_BLOB_FIELDS, "answer"))
 _HEAD = struct.Struct("<BBI")  # kind, 1 if the stdlib wrote the JSON, its length
 _BLOB = struct.Struct("<q")
 

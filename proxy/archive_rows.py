@@ -218,7 +218,7 @@ class RowWriter:
 
     def _response_fields(self, record: ExchangeRecord, request_leaf: str, raw: bytes) -> dict[str, Any]:
         try:
-            parsed = parse_response(record)
+            parsed = record.answer or parse_response(record)
         except Exception as exc:  # a reader's own bug: the exchange is archived all the same, its answer raw
             log.exception("archive: exchange %s: its answer could not be read", record.id)
             parsed = ParsedResponse(problems=[f"the answer could not be read ({type(exc).__name__})"])

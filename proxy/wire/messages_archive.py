@@ -75,30 +75,37 @@ def read_stream(chunks: list[bytes]) -> MessagesRound:
 
 
 def parse_messages_response(record: ExchangeRecord) -> ParsedResponse:
-    parsed = ParsedResponse()
     if record.stream:
-        round_ = read_stream(record.response_chunks)
-        if round_.malformed:
-            parsed.problems.append(f"a stream event could not be read: {round_.malformed}")
-        if round_.message_start is None:
-            parsed.problems.append("the stream carried no message_start")
-            return parsed
-        message = round_.message_start.get("message")  # (not an object: named in `malformed` already)
-        message_id = message.get("id") if isinstance(message, dict) else None
-        parsed.response_id = message_id if isinstance(message_id, str) else None
-        parsed.message, parsed.finish_reason = assistant(round_.blocks), round_.stop_reason
-        usage = round_.usage
-    else:
-        body = response_json(record, parsed)
-        if body is NOT_JSON:
-            return parsed
-        if not isinstance(body, dict) or not isinstance(body.get("content"), list):
-            parsed.problems.append("the response is not a message object with a content list")
-            return parsed
-        parsed.response_id = body.get("id") if isinstance(body.get("id"), str) else None
-        parsed.finish_reason = body.get("stop_reason") if isinstance(body.get("stop_reason"), str) else None
-        parsed.message = assistant(body["content"])
-        usage = body.get("usage") if isinstance(body.get("usage"), dict) else None
+        return round_answer(read_stream(record.response_chunks))
+    parsed = ParsedResponse()
+    body = response_json(record, parsed)
+    if body is NOT_JSON:
+        return parsed
+    if not isinstance(body, dict) or not isinstance(body.get("content"), list):
+        parsed.problems.append("the response is not a message object with a content list")
+        return parsed
+    parsed.response_id = body.get("id") if isinstance(body.get("id"), str) else None
+    parsed.finish_reason = body.get("stop_reason") if isinstance(body.get("stop_reason"), str) else None
+    parsed.message = assistant(body["content"])
+    usage = body.get("usage") if isinstance(body.get("usage"), dict) else None
     if usage:
         parsed.usage, parsed.raw_usage = neutral_usage(usage), usage
+    return parsed
+
+
+def round_answer(round_: MessagesRound) -> ParsedResponse:
+    """What the archive keeps of a streamed answer, from the round its events were fed to (the writer's
+    own reading of the chunks, or the relay's, which saw the same events)."""
+    parsed = ParsedResponse()
+    if round_.malformed:
+        parsed.problems.append(f"a stream event could not be read: {round_.malformed}")
+    if round_.message_start is None:
+        parsed.problems.append("the stream carried no message_start")
+        return parsed
+    message = round_.message_start.get("message")  # (not an object: named in `malformed` already)
+    message_id = message.get("id") if isinstance(message, dict) else None
+    parsed.response_id = message_id if isinstance(message_id, str) else None
+    parsed.message, parsed.finish_reason = assistant(round_.blocks), round_.stop_reason
+    if round_.usage:
+        parsed.usage, parsed.raw_usage = neutral_usage(round_.usage), round_.usage
     return parsed

@@ -14,11 +14,13 @@ from typing import Any
 import orjson
 
 from proxy.archive import ExchangeRecord
+from proxy.archive_parse import ParsedResponse
 from proxy.archive_traffic import INTERNAL_NAMES
 from proxy.errors import CtxProxyError
 from proxy.upstream_response import UpstreamResponse
 from proxy.wire import Decoded, Turn
 from proxy.wire.framing import EventFramer
+from proxy.wire.messages_archive import round_answer
 from proxy.wire.messages_format import error_object, error_type, sse_event
 from proxy.wire.messages_stream import MessagesRound, add_usage, error_event, final_events, is_whole
 
@@ -50,6 +52,9 @@ class MessagesFramer(EventFramer):
     def whole(self) -> None:
         self.usage = add_usage(self.usage, self.round.usage)
         self.blocks_sent = self.round.blocks_sent_after
+
+    def answer(self) -> ParsedResponse:
+        return round_answer(self.round)
 
     def broken(self, message: str) -> bytes:
         return error_event(message)

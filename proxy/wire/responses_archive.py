@@ -78,6 +78,12 @@ def parse_responses_response(record: ExchangeRecord) -> ParsedResponse:
         body = response_json(record, parsed)
         if body is NOT_JSON:
             return parsed
+    return response_answer(body, parsed)
+
+
+def response_answer(body: Any, parsed: ParsedResponse | None = None) -> ParsedResponse:
+    """What the archive keeps of a response object (the stream's final one, or the body)."""
+    parsed = parsed if parsed is not None else ParsedResponse()
     if not isinstance(body, dict) or not isinstance(body.get("output"), list):
         parsed.problems.append("the response is not a response object with an output list")
         return parsed

@@ -15,6 +15,7 @@ import orjson
 
 from proxy import faults
 from proxy.archive import ExchangeRecord
+from proxy.archive_parse import ParsedResponse
 from proxy.archive_traffic import INTERNAL_NAMES
 from proxy.errors import CtxProxyError
 from proxy.rounds import stopped_note
@@ -22,6 +23,7 @@ from proxy.upstream_response import UpstreamResponse
 from proxy.wire import Decoded, Turn
 from proxy.wire.framing import EventFramer
 from proxy.wire.responses import neutral_call
+from proxy.wire.responses_archive import response_answer
 from proxy.wire.responses_format import message_item, text_item_events
 from proxy.wire.responses_stream import ResponsesRound, add_usage, error_event, final_events, is_whole, sse
 
@@ -57,6 +59,10 @@ class ResponsesFramer(EventFramer):
         self.usage = add_usage(self.usage, self.round.usage)
         self.items_sent = self.round.items_sent_after
         self.shown.extend(self.round.sent_items)
+
+    def answer(self) -> ParsedResponse | None:
+        final = self.round.final  # (response.completed's object, untouched)
+        return None if final is None else response_answer(final)
 
     def broken(self, message: str) -> bytes:
         return error_event(message, faults.STREAM_BROKEN, sequence=self.round.sequence)

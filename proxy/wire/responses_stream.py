@@ -92,6 +92,8 @@ class ResponsesRound:
         self.response_id = response_id
         self.usage: dict[str, Any] | None = None  # the round's response.usage (completed / incomplete)
         self.response: dict[str, Any] | None = None  # the last response object seen
+        # the ending event's response object as the upstream sent it (None: not seen, or its id rewritten)
+        self.final: dict[str, Any] | None = None
         self.done = False  # response.completed or response.incomplete seen
         self.error: Any = None  # an `error` event's error, or a failed response's (relayed; the stream ends)
         # The first event that could not be read (relayed untouched), or a function call whose
@@ -207,6 +209,7 @@ class ResponsesRound:
             self.usage = copy.deepcopy(response["usage"])
         if kind in ENDING:
             self.done = True
+            self.final = response if untouched is not None else None
             return None
         if kind == FAILED:
             self.error = response.get("error") or {"message": "upstream response failed", "code": None}
